@@ -1,0 +1,31 @@
+/* v41_cli.h: subcommands of the `v41` tool. Each returns the process exit
+ * status: 0 ok / same, 1 different, 2 error or bad input. argv[0] is the
+ * subcommand name; every command handles --help. */
+#ifndef V41_CLI_H
+#define V41_CLI_H
+
+#include <stdio.h>
+
+typedef int (*v41_cmd_fn)(int argc, char **argv);
+
+int v41_cmd_version(int argc, char **argv);
+int v41_cmd_inspect(int argc, char **argv);
+int v41_cmd_export_tiny(int argc, char **argv);
+int v41_cmd_oracle_check(int argc, char **argv);
+int v41_cmd_run(int argc, char **argv);
+int v41_cmd_diff(int argc, char **argv);
+int v41_cmd_bisect(int argc, char **argv);
+int v41_cmd_parity(int argc, char **argv);
+int v41_cmd_bench(int argc, char **argv);
+int v41_cmd_replay_study(int argc, char **argv);
+int v41_cmd_serve_trace(int argc, char **argv);
+int v41_cmd_sim(int argc, char **argv);
+
+/* bench sub-targets (v41 bench ref|gpu) */
+int v41_bench_ref(int argc, char **argv);
+int v41_bench_gpu(int argc, char **argv);
+
+/* true when stderr is a terminal (progress lines are shown only then) */
+int v41_isatty_stderr(void);
+
+#endif
