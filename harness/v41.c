@@ -17,6 +17,7 @@ static const v41_cmd cmds[] = {
     {"diff", v41_cmd_diff, "compare two dumps, name the first divergent tap and decision flip"},
     {"bisect", v41_cmd_bisect, "teacher-forced per-layer comparison of two engines (local vs propagated error)"},
     {"oracle-check", v41_cmd_oracle_check, "replay a golden file through ref and compare every tensor"},
+    {"taps", v41_cmd_taps, "list the tap table (names, dims, dtypes, meaning; --json)"},
     {"inspect", v41_cmd_inspect, "config summary, layer schedule, tensors, parameter count, fingerprint"},
     {"export-tiny", v41_cmd_export_tiny, "write the built-in tiny model as a checkpoint directory"},
     {"bench", v41_cmd_bench, "benchmarks: `v41 bench ref` (CPU) and `v41 bench gpu` (H200)"},

@@ -20,6 +20,7 @@ int v41_cmd_bench(int argc, char **argv);
 int v41_cmd_replay_study(int argc, char **argv);
 int v41_cmd_serve_trace(int argc, char **argv);
 int v41_cmd_sim(int argc, char **argv);
+int v41_cmd_taps(int argc, char **argv);
 
 /* bench sub-targets (v41 bench ref|gpu) */
 int v41_bench_ref(int argc, char **argv);

@@ -48,6 +48,8 @@ typedef struct v41_tap_desc {
     const char *dims;      /* "[T,H,d]" in SPEC notation */
     v41_tap_kind kind;
     const char *meaning;
+    const char *golden;    /* dataset name in the oracle's golden files ("attn_q"), or NULL */
+    bool discrete;         /* compared as sets / decisions, not numerically */
 } v41_tap_desc;
 const v41_tap_desc *v41_tap_table(size_t *n);
 /* Find the descriptor of a concrete name ("layer.3.attn.q" -> "layer.{l}.attn.q"). */
