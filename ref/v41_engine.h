@@ -60,7 +60,8 @@ typedef struct v41_engine v41_engine;
 /* Teacher forcing (bisect): at each forcing point (an input of a layer or
  * sublayer, named like the tap that produced it on the other side, e.g.
  * "layer.3.stream.in", "layer.3.premix.in", "layer.3.stream.mid",
- * "layer.5.attn.topk"), the engine asks the source for the value; when
+ * "layer.5.attn.topk"), the engine asks the source for the value (ref engine:
+ * dst holds the engine's own value on entry, so a source may edit it in place); when
  * fetch returns 1 it overwrites its own tensor with dst (same shape/kind as
  * the tap) before using it. 0 = not available, keep own; <0 = error. */
 typedef struct v41_tap_source {
@@ -84,6 +85,12 @@ typedef struct v41_engine_vtbl {
     int (*fork)(v41_engine *e, int src_id, int dst_id, int n, v41_err *err);
     void (*release)(v41_engine *e, int req_id);
     void (*destroy)(v41_engine *e);
+    /* (added by the ref engine) DSpark drafts of n requests in one batch: request
+     * req_ids[i] after the target produced position ps[i], first token firsts[i].
+     * ids: [n, block_size+1] (column 0 = first, column i+1 = argmax of draft row i),
+     * confidence: [n, block_size]. Either output may be NULL. NULL entry = unsupported. */
+    int (*dspark_draft_batch)(v41_engine *e, int n, const int *req_ids, const int *ps, const int32_t *firsts,
+                              int32_t *ids, float *confidence, v41_err *err);
 } v41_engine_vtbl;
 
 struct v41_engine {

@@ -1,0 +1,409 @@
+// bench.cu: `v41 bench gpu [--json OUT] [--quick]`: ceilings measured in the
+// same run (device-to-device copy bandwidth, cuBLAS bf16 GEMM TFLOP/s), then
+// every kernel at V4.1-Flash shapes (synthetic weights). Each measurement is
+// the median of N timed runs (cudaEvent pairs), the L2 flushed before each run
+// by a 256 MiB memset outside the timed region. Byte counts are the fewest
+// bytes the op must move through device memory (each input read once, each
+// output written once); FLOP counts are 2 per multiply-add. JSON schema
+// "v41-profile/1" (read by the simulator): {"schema","device","ceilings":
+// {"copy_GBps","bf16_gemm_TFLOPs"},"ops":[{"op","name","params","flops","bytes","median_s"}]}.
+#include "g_internal.cuh"
+#include <algorithm>
+#include <functional>
+#include <string>
+#include <vector>
+#include <stdarg.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+namespace {
+
+struct op_rec {
+    std::string op, name, params;   // params: JSON object text
+    double flops, bytes, median_s;
+};
+
+struct bench {
+    cudaStream_t st = 0;
+    void *flush = NULL;
+    size_t flush_bytes = 256u << 20;
+    int reps = 15;
+    double copy_GBps = 0, gemm_TFLOPs = 0;
+    std::vector<op_rec> ops;
+    std::vector<void *> allocs;
+
+    void *alloc(size_t n) {
+        void *p = v41g_malloc(n);
+        if (!p) { fprintf(stderr, "v41 bench gpu: cudaMalloc(%zu) failed\n", n); exit(2); }
+        allocs.push_back(p);
+        return p;
+    }
+    void free_all() { for (void *p : allocs) v41g_free(p); allocs.clear(); }
+
+    // median seconds of fn over reps runs (2 warm-ups), L2 flushed before each
+    double time(const std::function<int()> &fn, int nrep = 0) {
+        if (nrep <= 0) nrep = reps;
+        cudaEvent_t a, b;
+        cudaEventCreate(&a); cudaEventCreate(&b);
+        for (int w = 0; w < 2; w++) if (fn()) { fprintf(stderr, "v41 bench gpu: kernel failed\n"); exit(2); }
+        std::vector<double> ts;
+        for (int r = 0; r < nrep; r++) {
+            cudaMemsetAsync(flush, r & 0xff, flush_bytes, st);
+            cudaEventRecord(a, st);
+            fn();
+            cudaEventRecord(b, st);
+            cudaEventSynchronize(b);
+            float ms = 0;
+            cudaEventElapsedTime(&ms, a, b);
+            ts.push_back(ms * 1e-3);
+        }
+        cudaError_t e = cudaGetLastError();
+        if (e != cudaSuccess) { fprintf(stderr, "v41 bench gpu: %s\n", cudaGetErrorString(e)); exit(2); }
+        cudaEventDestroy(a); cudaEventDestroy(b);
+        std::sort(ts.begin(), ts.end());
+        return ts[ts.size() / 2];
+    }
+    void rec(const char *op, const std::string &name, const std::string &params, double flops, double bytes,
+             double t) {
+        ops.push_back({op, name, params, flops, bytes, t});
+        double gbs = bytes / t * 1e-9, tf = flops / t * 1e-12;
+        printf("%-12s %-34s %10.2f us %9.1f GB/s (%5.1f%% copy) %8.1f TFLOP/s (%5.1f%% gemm)  %s\n", op,
+               name.c_str(), t * 1e6, gbs, copy_GBps > 0 ? 100 * gbs / copy_GBps : 0, tf,
+               gemm_TFLOPs > 0 ? 100 * tf / gemm_TFLOPs : 0, params.c_str());
+        fflush(stdout);
+    }
+};
+
+std::string fmt(const char *f, ...) __attribute__((format(printf, 1, 2)));
+std::string fmt(const char *f, ...)
+{
+    char buf[512];
+    va_list ap;
+    va_start(ap, f);
+    vsnprintf(buf, sizeof buf, f, ap);
+    va_end(ap);
+    return buf;
+}
+
+// V4.1-Flash shapes (SPEC §1)
+const int D = 5120, H = 64, HD = 512, R = 64, QL = 1280, G = 8, OL = 1024, W = 128;
+const int NI = 32, DI = 128, TOPK = 512, E = 384, KA = 6, IM = 2304, HC = 4;
+
+void ceilings(bench &B)
+{
+    size_t n = (size_t)2 << 30;   // 2 GiB each way
+    void *a = B.alloc(n), *b = B.alloc(n);
+    v41g_fill_bf16((uint16_t *)a, n / 2, 1, 1.0f, B.st);
+    double t = B.time([&] { return (int)cudaMemcpyAsync(b, a, n, cudaMemcpyDeviceToDevice, B.st); }, 10);
+    B.copy_GBps = 2.0 * n / t * 1e-9;
+    B.rec("copy", "d2d_copy_2GiB", "{\"bytes\":2147483648}", 0, 2.0 * n, t);
+    // bf16 GEMM ceiling: the square 8192 problem and the model's largest shapes, random data
+    struct { int M, N, K; const char *nm; } sh[] = {
+        {8192, 8192, 8192, "square_8192"}, {4096, 32768, 1280, "wq_b_M4096"}, {4096, 5120, 8192, "wo_b_M4096"},
+        {4096, 4608, 5120, "w13_M4096"}};
+    uint16_t *x = (uint16_t *)B.alloc((size_t)8192 * 8192 * 2), *w = (uint16_t *)B.alloc((size_t)32768 * 8192 * 2),
+             *y = (uint16_t *)B.alloc((size_t)4096 * 32768 * 2);
+    v41g_fill_bf16(x, (size_t)8192 * 8192, 2, 1.0f, B.st);
+    v41g_fill_bf16(w, (size_t)32768 * 8192, 3, 0.05f, B.st);
+    for (auto &s : sh) {
+        double tt = B.time([&] { return v41g_gemm_bf16(x, w, y, s.M, s.N, s.K, 0, 1, 0, 0, 0, B.st); }, 10);
+        double fl = 2.0 * s.M * s.N * s.K;
+        B.gemm_TFLOPs = std::max(B.gemm_TFLOPs, fl / tt * 1e-12);
+        B.rec("gemm", std::string("ceiling_") + s.nm, fmt("{\"M\":%d,\"N\":%d,\"K\":%d}", s.M, s.N, s.K), fl,
+              2.0 * ((double)s.M * s.K + (double)s.N * s.K + (double)s.M * s.N), tt);
+    }
+    B.free_all();
+}
+
+void gemms(bench &B, bool quick)
+{
+    struct { const char *nm; int N, K, batch; } sh[] = {
+        {"wq_a", QL, D, 1}, {"wq_b", H * HD, QL, 1}, {"wkv", HD, D, 1}, {"wo_a_grouped", OL, H * HD / G, G},
+        {"wo_b", D, G * OL, 1}, {"shared_w13", 2 * IM, D, 1}, {"shared_w2", D, IM, 1}, {"idx_wq_b", NI * DI, QL, 1}};
+    int Ms[] = {1, 64, 512, 4096};
+    uint16_t *x = (uint16_t *)B.alloc((size_t)4096 * 32768 * 2), *w = (uint16_t *)B.alloc((size_t)32768 * 8192 * 2),
+             *y = (uint16_t *)B.alloc((size_t)4096 * 32768 * 2);
+    v41g_fill_bf16(x, (size_t)4096 * 32768, 4, 1.0f, B.st);
+    v41g_fill_bf16(w, (size_t)32768 * 8192, 5, 0.05f, B.st);
+    for (auto &s : sh)
+        for (int M : Ms) {
+            if (quick && M != 64) continue;
+            long long sx = (long long)M * s.K, sw = (long long)s.N * s.K, sy = (long long)M * s.N;
+            double t = B.time([&] { return v41g_gemm_bf16(x, w, y, M, s.N, s.K, 0, s.batch, sx, sw, sy, B.st); });
+            double fl = 2.0 * M * s.N * s.K * s.batch;
+            double by = 2.0 * ((double)M * s.K + (double)s.N * s.K + (double)M * s.N) * s.batch;
+            B.rec("gemm", fmt("%s_M%d", s.nm, M), fmt("{\"M\":%d,\"N\":%d,\"K\":%d,\"batch\":%d}", M, s.N, s.K, s.batch),
+                  fl, by, t);
+        }
+    B.free_all();
+}
+
+// random sorted top-k positions in [0, n) per row (host), offset by base
+void rand_sorted(std::vector<int32_t> &dst, int k, int n, int64_t base, uint64_t &seed)
+{
+    std::vector<int32_t> pick;
+    pick.reserve(k);
+    std::vector<char> used(n, 0);
+    while ((int)pick.size() < std::min(k, n)) {
+        seed = seed * 6364136223846793005ull + 1442695040888963407ull;
+        int p = (int)((seed >> 33) % (uint64_t)n);
+        if (!used[p]) { used[p] = 1; pick.push_back(p); }
+    }
+    std::sort(pick.begin(), pick.end());
+    for (int p : pick) dst.push_back((int32_t)(p + base));
+    for (int i = (int)pick.size(); i < k; i++) dst.push_back(-1);
+}
+
+void attention(bench &B, bool quick)
+{
+    int batches[] = {1, 8, 64, 256};
+    int ctxs[] = {8192, 65536};
+    const int L = W + TOPK;
+    const float scale = 1.0f / sqrtf((float)HD);
+    float *sink = (float *)B.alloc(H * 4);
+    v41g_fill_f32(sink, H, 9, 1.0f, B.st);
+    for (int C : ctxs)
+        for (int b : batches) {
+            if (quick && b != 64) continue;
+            // pools: window rings [b, W, d]; compressed caches [b, C, d] (ratio 1: C positions)
+            uint16_t *q = (uint16_t *)B.alloc((size_t)b * H * HD * 2), *o = (uint16_t *)B.alloc((size_t)b * H * HD * 2);
+            uint16_t *kw = (uint16_t *)B.alloc((size_t)b * W * HD * 2), *kc = (uint16_t *)B.alloc((size_t)b * C * HD * 2);
+            v41g_fill_bf16(q, (size_t)b * H * HD, 10, 1.0f, B.st);
+            v41g_fill_bf16(kw, (size_t)b * W * HD, 11, 1.0f, B.st);
+            v41g_fill_bf16(kc, (size_t)b * C * HD, 12, 1.0f, B.st);
+            std::vector<int32_t> idx;
+            uint64_t seed = 77;
+            for (int r = 0; r < b; r++) {
+                for (int j = 0; j < W; j++) idx.push_back(r * W + j);
+                rand_sorted(idx, TOPK, C, (int64_t)r * C, seed);
+            }
+            int32_t *di = (int32_t *)B.alloc(idx.size() * 4);
+            v41g_h2d(di, idx.data(), idx.size() * 4);
+            double t = B.time([&] { return v41g_sparse_attn(q, kw, kc, di, L, W, sink, scale, b, H, HD, o, B.st); });
+            double fl = 4.0 * b * H * L * HD;
+            double by = (double)b * (L * HD * 2.0 + 2.0 * H * HD * 2 + L * 4.0);
+            B.rec("attn_decode", fmt("attn_decode_b%d_ctx%dK", b, C / 1024),
+                  fmt("{\"batch\":%d,\"context\":%d,\"heads\":%d,\"head_dim\":%d,\"window\":%d,\"topk\":%d}", b, C, H,
+                      HD, W, TOPK), fl, by, t);
+            B.free_all();
+            sink = (float *)B.alloc(H * 4);
+            v41g_fill_f32(sink, H, 9, 1.0f, B.st);
+        }
+    // prefill: one request of T rows, window part min(T,W) + top-512 compressed (ratio 1)
+    {
+        int T = quick ? 1024 : 4096;
+        uint16_t *q = (uint16_t *)B.alloc((size_t)T * H * HD * 2), *o = (uint16_t *)B.alloc((size_t)T * H * HD * 2);
+        uint16_t *kw = (uint16_t *)B.alloc((size_t)T * HD * 2);
+        v41g_fill_bf16(q, (size_t)T * H * HD, 13, 1.0f, B.st);
+        v41g_fill_bf16(kw, (size_t)T * HD, 14, 1.0f, B.st);
+        std::vector<int32_t> idx;
+        uint64_t seed = 5;
+        for (int t = 0; t < T; t++) {
+            int lo = std::max(0, t - W + 1);
+            for (int j = 0; j < W; j++) idx.push_back(lo + j <= t ? lo + j : -1);
+            rand_sorted(idx, TOPK, t + 1, 0, seed);
+        }
+        int32_t *di = (int32_t *)B.alloc(idx.size() * 4);
+        v41g_h2d(di, idx.data(), idx.size() * 4);
+        double t = B.time([&] { return v41g_sparse_attn(q, kw, kw, di, W + TOPK, W, sink, 1.0f / sqrtf((float)HD), T,
+                                                        H, HD, o, B.st); }, 5);
+        B.rec("attn_prefill", fmt("attn_prefill_T%d", T), fmt("{\"T\":%d,\"heads\":%d,\"head_dim\":%d,\"L\":%d}", T,
+              H, HD, W + TOPK), 4.0 * T * H * (W + TOPK) * HD,
+              (double)T * (HD * 2.0 + 2.0 * H * HD * 2 + (W + TOPK) * 4.0), t);
+        B.free_all();
+    }
+}
+
+void indexer(bench &B, bool quick)
+{
+    int batches[] = {1, 64};
+    int Ss[] = {8192, 65536};
+    for (int S : Ss)
+        for (int b : batches) {
+            uint16_t *q = (uint16_t *)B.alloc((size_t)b * NI * DI * 2), *k = (uint16_t *)B.alloc((size_t)b * S * DI * 2);
+            float *w = (float *)B.alloc((size_t)b * NI * 4), *I = (float *)B.alloc((size_t)b * S * 4);
+            int32_t *out = (int32_t *)B.alloc((size_t)b * TOPK * 4), *vis = (int32_t *)B.alloc(b * 4);
+            int64_t *kb = (int64_t *)B.alloc(b * 8);
+            v41g_fill_bf16(q, (size_t)b * NI * DI, 20, 1.0f, B.st);
+            v41g_fill_bf16(k, (size_t)b * S * DI, 21, 1.0f, B.st);
+            v41g_fill_f32(w, (size_t)b * NI, 22, 0.1f, B.st);
+            std::vector<int32_t> hv(b, S);
+            std::vector<int64_t> hb(b);
+            for (int r = 0; r < b; r++) hb[r] = (int64_t)r * S;
+            v41g_h2d(vis, hv.data(), b * 4);
+            v41g_h2d(kb, hb.data(), b * 8);
+            std::string p = fmt("{\"batch\":%d,\"positions\":%d,\"heads\":%d,\"head_dim\":%d,\"topk\":%d}", b, S, NI, DI, TOPK);
+            double ts = B.time([&] { return v41g_indexer_scores(q, w, k, kb, vis, b, NI, DI, S, I, B.st); });
+            B.rec("indexer", fmt("indexer_scores_b%d_S%dK", b, S / 1024), p, 2.0 * b * S * NI * DI,
+                  (double)b * (S * DI * 2.0 + S * 4.0 + NI * DI * 2), ts);
+            double tk = B.time([&] { return v41g_topk(I, vis, b, S, TOPK, out, NULL, B.st); });
+            B.rec("indexer", fmt("indexer_topk_b%d_S%dK", b, S / 1024), p, 0, (double)b * (S * 4.0 + TOPK * 4.0), tk);
+            double tb = B.time([&] {
+                int rc = v41g_indexer_scores(q, w, k, kb, vis, b, NI, DI, S, I, B.st);
+                return rc ? rc : v41g_topk(I, vis, b, S, TOPK, out, NULL, B.st);
+            });
+            B.rec("indexer", fmt("indexer_total_b%d_S%dK", b, S / 1024), p, 2.0 * b * S * NI * DI,
+                  (double)b * (S * DI * 2.0 + NI * DI * 2 + TOPK * 4.0), tb);
+            B.free_all();
+            if (quick) break;
+        }
+}
+
+void moe(bench &B, bool quick)
+{
+    size_t w13n = (size_t)E * 2 * IM * D, w2n = (size_t)E * D * IM;
+    uint16_t *w13 = (uint16_t *)B.alloc(w13n * 2), *w2 = (uint16_t *)B.alloc(w2n * 2);
+    uint16_t *w13s = (uint16_t *)B.alloc((size_t)2 * IM * D * 2), *w2s = (uint16_t *)B.alloc((size_t)D * IM * 2);
+    float *wg = (float *)B.alloc((size_t)E * D * 4);   (void)wg;
+    v41g_fill_bf16(w13, w13n, 30, 0.02f, B.st);
+    v41g_fill_bf16(w2, w2n, 31, 0.02f, B.st);
+    v41g_fill_bf16(w13s, (size_t)2 * IM * D, 32, 0.02f, B.st);
+    v41g_fill_bf16(w2s, (size_t)D * IM, 33, 0.02f, B.st);
+    uint16_t *gateW = (uint16_t *)B.alloc((size_t)E * D * 2);
+    v41g_fill_bf16(gateW, (size_t)E * D, 34, 0.02f, B.st);
+    int Ts[] = {512, 4096};
+    for (int T : Ts) {
+        if (quick && T != 512) continue;
+        uint16_t *x = (uint16_t *)B.alloc((size_t)T * D * 2), *out = (uint16_t *)B.alloc((size_t)T * D * 2);
+        float *logits = (float *)B.alloc((size_t)T * E * 4), *wts = (float *)B.alloc((size_t)T * KA * 4);
+        int32_t *idx = (int32_t *)B.alloc((size_t)T * KA * 4);
+        v41g_fill_bf16(x, (size_t)T * D, 35, 1.0f, B.st);
+        v41g_moe m = {T, D, IM, E, KA, 10.0f, w13, w2, w13s, w2s};
+        void *ws = B.alloc(v41g_moe_ws_size(&m));
+        auto run = [&] {
+            int rc = v41g_gemm_bf16(x, gateW, logits, T, E, D, 1, 1, 0, 0, 0, B.st);
+            if (!rc) rc = v41g_moe_route(logits, NULL, T, E, KA, 0, 1.0f, 1, 1.5f, idx, wts, B.st);
+            if (!rc) rc = v41g_moe_ffn(&m, x, idx, wts, ws, out, B.st);
+            return rc;
+        };
+        double t = B.time(run, 7);
+        // weights read: all experts (every expert gets tokens at these sizes) + shared + gate
+        double fl = 2.0 * T * (KA + 1) * 3.0 * D * IM + 2.0 * T * E * D;
+        double by = (w13n + w2n) * 2.0 + 3.0 * IM * D * 2 + E * D * 2.0 + 2.0 * T * D * 2;
+        B.rec("moe", fmt("moe_T%d", T), fmt("{\"T\":%d,\"experts\":%d,\"active\":%d,\"shared\":1,\"dim\":%d,\"inter\":%d,"
+              "\"weights\":\"bf16\"}", T, E, KA, D, IM), fl, by, t);
+        // dense cuBLAS at equal FLOPs: [T*(k+1), D] x [2I, D]^T then [T*(k+1), I] x [D, I]^T
+        int M = T * (KA + 1);
+        uint16_t *xa = (uint16_t *)B.alloc((size_t)M * D * 2), *ha = (uint16_t *)B.alloc((size_t)M * 2 * IM * 2),
+                 *ya = (uint16_t *)B.alloc((size_t)M * D * 2);
+        v41g_fill_bf16(xa, (size_t)M * D, 36, 1.0f, B.st);
+        double td = B.time([&] {
+            int rc = v41g_gemm_bf16(xa, w13, ha, M, 2 * IM, D, 0, 1, 0, 0, 0, B.st);
+            return rc ? rc : v41g_gemm_bf16(ha, w2, ya, M, D, IM, 0, 1, 0, 0, 0, B.st);
+        }, 7);
+        B.rec("gemm", fmt("moe_dense_equiv_T%d", T), fmt("{\"M\":%d,\"N1\":%d,\"N2\":%d,\"K1\":%d,\"K2\":%d}", M,
+              2 * IM, D, D, IM), 2.0 * M * 3.0 * D * IM, 2.0 * (3.0 * IM * D + 2.0 * M * D + 3.0 * M * IM), td);
+    }
+    B.free_all();
+}
+
+void small(bench &B, bool quick)
+{
+    int Ts[] = {64, 4096};
+    float *freqs = (float *)B.alloc(R / 2 * 4);
+    float hf[R / 2];
+    v41g_rope_freqs(R, 160000.0, 65536, 16, 32, 1, hf);
+    v41g_h2d(freqs, hf, sizeof hf);
+    for (int T : Ts) {
+        if (quick && T != 4096) continue;
+        uint16_t *x = (uint16_t *)B.alloc((size_t)T * HC * D * 2), *y = (uint16_t *)B.alloc((size_t)T * HC * D * 2);
+        uint16_t *wn = (uint16_t *)B.alloc(D * 2), *qb = (uint16_t *)B.alloc((size_t)T * H * HD * 2);
+        uint8_t *q8 = (uint8_t *)B.alloc((size_t)T * D);
+        float *sc = (float *)B.alloc((size_t)T * D / 32 * 4);
+        int32_t *pos = (int32_t *)B.alloc(T * 4);
+        float *fn = (float *)B.alloc((size_t)(2 + HC) * HC * HC * D * 4), *base = (float *)B.alloc(64 * 4),
+              *s3 = (float *)B.alloc(16);
+        float *pre = (float *)B.alloc((size_t)T * HC * 4), *post = (float *)B.alloc((size_t)T * HC * 4),
+              *comb = (float *)B.alloc((size_t)T * HC * HC * 4);
+        v41g_fill_bf16(x, (size_t)T * HC * D, 40, 1.0f, B.st);
+        v41g_fill_bf16(wn, D, 41, 1.0f, B.st);
+        v41g_fill_bf16(qb, (size_t)T * H * HD, 42, 1.0f, B.st);
+        v41g_fill_f32(fn, (size_t)(2 + HC) * HC * HC * D, 43, 0.01f, B.st);
+        v41g_fill_f32(base, 64, 44, 0.1f, B.st);
+        v41g_fill_f32(s3, 4, 45, 1.0f, B.st);
+        std::vector<int32_t> hp(T);
+        for (int i = 0; i < T; i++) hp[i] = 1000 + i;
+        v41g_h2d(pos, hp.data(), T * 4);
+        std::string p = fmt("{\"T\":%d,\"dim\":%d}", T, D);
+        double t;
+        t = B.time([&] { return v41g_rmsnorm(x, wn, y, T, D, 1e-6f, B.st); });
+        B.rec("small", fmt("rmsnorm_T%d", T), p, 4.0 * T * D, 2.0 * T * D * 2 + D * 2, t);
+        t = B.time([&] { return v41g_rope(qb, pos, freqs, T, H, HD, R, 0, B.st); });
+        B.rec("small", fmt("rope_q_T%d", T), fmt("{\"T\":%d,\"heads\":%d,\"head_dim\":%d,\"rope_dim\":%d}", T, H, HD, R),
+              6.0 * T * H * R / 2, 2.0 * T * H * R * 2, t);
+        t = B.time([&] { return v41g_act_quant(x, q8, sc, y, T, D, B.st); });
+        B.rec("small", fmt("act_quant_T%d", T), p, 0, T * D * (2.0 + 1 + 2) + T * D / 32 * 4.0, t);
+        t = B.time([&] { return v41g_fp4_qdq(x, y, T, HD, 16, 1, B.st); });
+        B.rec("small", fmt("fp4_qdq_e4m3_g16_T%d", T), fmt("{\"T\":%d,\"n\":%d,\"g\":16}", T, HD), 0, 2.0 * T * HD * 2, t);
+        t = B.time([&] { return v41g_fp4_qdq(x, y, T * NI, DI, 32, 0, B.st); });
+        B.rec("small", fmt("fp4_qdq_e8m0_g32_T%d", T), fmt("{\"rows\":%d,\"n\":%d,\"g\":32}", T * NI, DI), 0,
+              2.0 * T * NI * DI * 2, t);
+        t = B.time([&] { return v41g_hc_mixes(x, fn, base, s3, T, HC, D, 1e-20f, 1e-6f, 20, pre, post, comb, B.st); });
+        B.rec("small", fmt("hc_mixes_sinkhorn_T%d", T), fmt("{\"T\":%d,\"hc\":%d,\"dim\":%d}", T, HC, D),
+              2.0 * T * HC * D * (2 + HC) * HC, (double)T * HC * D * 2 + (2 + HC) * HC * HC * D * 4.0, t);
+        t = B.time([&] { return v41g_hc_pre(x, pre, y, T, HC, D, B.st); });
+        B.rec("small", fmt("hc_pre_T%d", T), p, 2.0 * T * HC * D, (double)T * (HC + 1) * D * 2, t);
+        t = B.time([&] { return v41g_hc_post(y, x, post, comb, x, T, HC, D, B.st); });
+        B.rec("small", fmt("hc_post_T%d", T), p, 2.0 * T * HC * D * (HC + 1), (double)T * (2 * HC + 1) * D * 2, t);
+        B.free_all();
+        freqs = (float *)B.alloc(R / 2 * 4);
+        v41g_h2d(freqs, hf, sizeof hf);
+    }
+    B.free_all();
+}
+
+int write_json(const bench &B, const char *path, const char *dev)
+{
+    std::string tmp = std::string(path) + ".tmp";
+    FILE *f = fopen(tmp.c_str(), "w");
+    if (!f) { fprintf(stderr, "v41 bench gpu: cannot write %s\n", tmp.c_str()); return 2; }
+    fprintf(f, "{\"schema\":\"v41-profile/1\",\"device\":\"%s\",\"ceilings\":{\"copy_GBps\":%.6g,\"bf16_gemm_TFLOPs\":%.6g},"
+            "\"ops\":[", dev, B.copy_GBps, B.gemm_TFLOPs);
+    for (size_t i = 0; i < B.ops.size(); i++) {
+        const op_rec &o = B.ops[i];
+        fprintf(f, "%s\n {\"op\":\"%s\",\"name\":\"%s\",\"params\":%s,\"flops\":%.6g,\"bytes\":%.6g,\"median_s\":%.6g}",
+                i ? "," : "", o.op.c_str(), o.name.c_str(), o.params.c_str(), o.flops, o.bytes, o.median_s);
+    }
+    fprintf(f, "\n]}\n");
+    if (fclose(f) || rename(tmp.c_str(), path)) { unlink(tmp.c_str()); fprintf(stderr, "v41 bench gpu: cannot write %s\n", path); return 2; }
+    return 0;
+}
+
+}  // namespace
+
+extern "C" int v41g_bench_main(int argc, char **argv)
+{
+    const char *json = NULL, *only = NULL;
+    bool quick = false;
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--json") && i + 1 < argc) json = argv[++i];
+        else if (!strcmp(argv[i], "--quick")) quick = true;
+        else if (!strcmp(argv[i], "--only") && i + 1 < argc) only = argv[++i];
+        else if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
+            printf("usage: v41 bench gpu [--json OUT] [--quick] [--only gemm,attn,indexer,moe,small]\n"
+                   "  Ceilings (D2D copy, cuBLAS bf16 GEMM) then every CUDA kernel at V4.1-Flash shapes;\n"
+                   "  medians of cudaEvent-timed runs with the L2 flushed. --json writes schema v41-profile/1.\n");
+            return 0;
+        } else { fprintf(stderr, "v41 bench gpu: unknown option '%s' (see --help)\n", argv[i]); return 2; }
+    }
+    if (v41g_device_count() <= 0) { fprintf(stderr, "v41 bench gpu: no CUDA device\n"); return 2; }
+    char dev[256];
+    v41g_device_name(dev, sizeof dev);
+    printf("device: %s\n", dev);
+    bench B;
+    B.flush = v41g_malloc(B.flush_bytes);
+    if (!B.flush) return 2;
+    auto want = [&](const char *k) { return !only || strstr(only, k); };
+    ceilings(B);
+    printf("ceilings: copy %.1f GB/s, bf16 GEMM %.1f TFLOP/s\n", B.copy_GBps, B.gemm_TFLOPs);
+    if (want("small")) small(B, quick);
+    if (want("attn")) attention(B, quick);
+    if (want("indexer")) indexer(B, quick);
+    if (want("gemm")) gemms(B, quick);
+    if (want("moe")) moe(B, quick);
+    v41g_free(B.flush);
+    v41g_gemm_release();
+    if (json) return write_json(B, json, dev);
+    return 0;
+}

@@ -1,0 +1,50 @@
+#!/bin/bash
+# device_run.sh: build the GPU parts, run the GPU tests (plus compute-sanitizer)
+# and the benchmark on a machine with a GPU, in one go. Run from the repo root:
+#   gpu/bench/device_run.sh [tests] [memcheck] [racecheck] [bench] [quickbench] [torch]
+# Check and cJSON may come as .deb files in deps/ (unpacked into deps/root).
+# Logs and results go to $OUT (default /tmp/v41-device).
+set -u
+OUT=${OUT:-/tmp/v41-device}
+mkdir -p "$OUT"
+TOP=$PWD
+R=$TOP/deps/root
+J=$(nproc)
+if ls deps/*.deb >/dev/null 2>&1; then
+  mkdir -p "$R"
+  for f in deps/*.deb; do dpkg -x "$f" "$R"; done
+  for pc in "$R"/usr/lib/x86_64-linux-gnu/pkgconfig/*.pc; do sed -i "s|=/usr|=$R/usr|" "$pc"; done
+  export PKG_CONFIG_PATH=$R/usr/lib/x86_64-linux-gnu/pkgconfig
+  export LD_LIBRARY_PATH=$R/usr/lib/x86_64-linux-gnu:${LD_LIBRARY_PATH:-}
+fi
+nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu --format=csv > "$OUT/nvidia-smi.txt" 2>&1
+t0=$(date +%s)
+if [ ! -x build-dev/gpu/bench/v41_gpu_bench ] || [ "${REBUILD:-1}" = 1 ]; then
+  # the generated autotools files travel with the tree (carry); make them newer
+  # than their sources so make does not try to re-run automake there
+  # (the two machines' clocks differ, so set the sources' times to the past)
+  if [ -f configure ]; then
+    find . -path ./deps -prune -o \( -name '*.am' -o -name configure.ac -o -name '*.m4' \) -print | xargs touch -d '2020-01-01'
+    touch aclocal.m4; sleep 1; touch configure; sleep 1; touch Makefile.in config.h.in; rm -rf build-dev
+  else autoreconf -fi; fi > "$OUT/build.log" 2>&1
+  mkdir -p build-dev
+  (cd build-dev && { [ -f Makefile ] || ../configure --with-cuda -q; }) >> "$OUT/build.log" 2>&1 || { tail -40 "$OUT/build.log"; exit 1; }
+  (cd build-dev && make -j"$J" gpu/libv41gpukern.la gpu/bench/v41_gpu_bench tests/test_gpu_kernels) >> "$OUT/build.log" 2>&1 \
+    || { grep -E "error|Error" "$OUT/build.log" | head -40; tail -20 "$OUT/build.log"; exit 1; }
+fi
+echo "build: $(( $(date +%s) - t0 )) s"
+cd build-dev
+for what in "$@"; do
+  t0=$(date +%s)
+  case $what in
+  tests) ./tests/test_gpu_kernels > "$OUT/tests.log" 2>&1; echo "tests rc=$?"; grep -E "^[0-9]+%|Fail|Error|error" "$OUT/tests.log" | head -40 ;;
+  memcheck) CK_TIMEOUT_MULTIPLIER=20 compute-sanitizer --tool memcheck --target-processes all --print-limit 20 \
+              ./tests/test_gpu_kernels > "$OUT/memcheck.log" 2>&1; echo "memcheck rc=$?"; grep -E "ERROR SUMMARY|^[0-9]+%" "$OUT/memcheck.log" | sort | uniq -c | head ;;
+  racecheck) CK_TIMEOUT_MULTIPLIER=40 CK_RUN_CASE=${RACE_CASE:-indexer} compute-sanitizer --tool racecheck --target-processes all \
+              --print-limit 20 ./tests/test_gpu_kernels > "$OUT/racecheck.log" 2>&1; echo "racecheck rc=$?"; grep -E "ERROR SUMMARY|RACECHECK SUMMARY|^[0-9]+%" "$OUT/racecheck.log" | sort | uniq -c | head ;;
+  bench) ./gpu/bench/v41_gpu_bench --json "$OUT/profile.json" ${BENCH_ARGS:-} > "$OUT/bench.log" 2>&1; echo "bench rc=$?" ;;
+  quickbench) ./gpu/bench/v41_gpu_bench --quick --json "$OUT/profile.json" ${BENCH_ARGS:-} > "$OUT/bench.log" 2>&1; echo "bench rc=$?" ;;
+  torch) (cd "$TOP" && PYTHONUNBUFFERED=1 python3 gpu/bench/torch_layer.py --json "$OUT/torch.json") > "$OUT/torch.log" 2>&1; echo "torch rc=$?"; tail -15 "$OUT/torch.log" ;;
+  esac
+  echo "$what: $(( $(date +%s) - t0 )) s"
+done

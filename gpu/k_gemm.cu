@@ -1,0 +1,46 @@
+// k_gemm.cu: dense GEMMs through cuBLAS (bf16 in, fp32 accumulate).
+#include "g_internal.cuh"
+#include <cublas_v2.h>
+
+// One handle per host thread, created on first use (cuBLAS handles are not
+// thread-safe to share; the engine and benchmark each run on one thread).
+static thread_local cublasHandle_t g_blas = NULL;
+
+cublasHandle_t v41g_blas_handle(void)
+{
+    if (!g_blas && cublasCreate(&g_blas) != CUBLAS_STATUS_SUCCESS) g_blas = NULL;
+    return g_blas;
+}
+
+extern "C" void v41g_gemm_release(void)
+{
+    if (g_blas) cublasDestroy(g_blas);
+    g_blas = NULL;
+}
+
+// y[M,N] (row-major) = x[M,K] . w[N,K]^T. cuBLAS is column-major, so compute
+// y^T[N,M] = w . x^T: w row-major [N,K] is column-major [K,N] -> op T;
+// x row-major [M,K] is column-major [K,M] -> op N; y^T column-major = y row-major.
+extern "C" int v41g_gemm_bf16(const uint16_t *x, const uint16_t *w, void *y, int M, int N, int K, int out_f32,
+                              int batch, long long sx, long long sw, long long sy, v41g_stream s)
+{
+    if (M <= 0 || N <= 0) return 0;
+    cublasHandle_t h = v41g_blas_handle();
+    if (!h) return (int)cudaErrorNotReady;
+    cublasSetStream(h, G_STREAM(s));
+    const float alpha = 1.0f, beta = 0.0f;
+    cudaDataType_t ct = out_f32 ? CUDA_R_32F : CUDA_R_16BF;
+    cublasStatus_t st;
+    if (batch <= 1)
+        st = cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, N, M, K, &alpha, w, CUDA_R_16BF, K, x, CUDA_R_16BF, K,
+                          &beta, y, ct, N, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+    else
+        st = cublasGemmStridedBatchedEx(h, CUBLAS_OP_T, CUBLAS_OP_N, N, M, K, &alpha, w, CUDA_R_16BF, K, sw,
+                                        x, CUDA_R_16BF, K, sx, &beta, y, ct, N, sy, batch,
+                                        CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+    if (st != CUBLAS_STATUS_SUCCESS) {
+        fprintf(stderr, "v41 gpu: cublas gemm M=%d N=%d K=%d batch=%d: status %d\n", M, N, K, batch, (int)st);
+        return (int)cudaErrorUnknown;
+    }
+    return 0;
+}

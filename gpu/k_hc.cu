@@ -1,0 +1,255 @@
+// k_hc.cu: mHC (SPEC §3): mixes + Sinkhorn per token, hc_pre, hc_post.
+//
+// Mixes are (2+h)h dot products of length hD per token (a skinny fp32 GEMM,
+// fn is genuine fp32 so no tensor cores): kernel 1 gives each warp 4 tokens
+// and a k-range (split-K across blockIdx.y when T is small, so decode fills
+// the chip), fn is read through L1 so the 8 warps of a block share it; kernel
+// 2 sums the partials per token and runs the Sinkhorn normalisation (fp32,
+// every division adds hc_eps).
+#include "g_internal.cuh"
+
+#define HC_TOK 4   /* tokens per warp */
+
+template <int H>
+__global__ void g_hc_dots_kernel(const uint16_t *__restrict__ X, const float *__restrict__ fn, int T, int D,
+                                 int kchunk, float *__restrict__ part /*[KS, T, NM+1]*/)
+{
+    constexpr int NM = (2 + H) * H;
+    const int hD = H * D;
+    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    int t0 = (blockIdx.x * (blockDim.x >> 5) + warp) * HC_TOK;
+    if (t0 >= T) return;
+    int k0 = blockIdx.y * kchunk, k1 = min(hD, k0 + kchunk);
+    float acc[HC_TOK][NM], ss[HC_TOK];
+#pragma unroll
+    for (int a = 0; a < HC_TOK; a++) { ss[a] = 0.0f;
+#pragma unroll
+        for (int m = 0; m < NM; m++) acc[a][m] = 0.0f; }
+    for (int k = k0 + lane * 8; k < k1; k += 256) {
+        float xv[HC_TOK][8];
+#pragma unroll
+        for (int a = 0; a < HC_TOK; a++) {
+            int t = min(t0 + a, T - 1);
+            uint4 v = *(const uint4 *)(X + (size_t)t * hD + k);
+            const uint16_t *e = (const uint16_t *)&v;
+#pragma unroll
+            for (int j = 0; j < 8; j++) { xv[a][j] = g_bf2f(e[j]); ss[a] += xv[a][j] * xv[a][j]; }
+        }
+#pragma unroll
+        for (int m = 0; m < NM; m++) {
+            float4 f0 = __ldg((const float4 *)(fn + (size_t)m * hD + k));
+            float4 f1 = __ldg((const float4 *)(fn + (size_t)m * hD + k + 4));
+#pragma unroll
+            for (int a = 0; a < HC_TOK; a++)
+                acc[a][m] += xv[a][0] * f0.x + xv[a][1] * f0.y + xv[a][2] * f0.z + xv[a][3] * f0.w +
+                             xv[a][4] * f1.x + xv[a][5] * f1.y + xv[a][6] * f1.z + xv[a][7] * f1.w;
+        }
+    }
+#pragma unroll
+    for (int a = 0; a < HC_TOK; a++) {
+        float sv = g_warp_sum(ss[a]);
+        float mine = 0.0f;
+#pragma unroll
+        for (int m = 0; m < NM; m++) { float r = g_warp_sum(acc[a][m]); if (lane == m) mine = r; }
+        int t = t0 + a;
+        if (t < T) {
+            float *p = part + ((size_t)blockIdx.y * T + t) * (NM + 1);
+            if (lane < NM) p[lane] = mine;
+            if (lane == 0) p[NM] = sv;
+        }
+    }
+}
+
+__device__ __forceinline__ float g_sigmoid(float x) { return 1.0f / (1.0f + expf(-x)); }
+
+template <int H>
+__global__ void g_hc_sinkhorn_kernel(const float *__restrict__ part, int KS, int T, int D,
+                                     const float *__restrict__ base, const float *__restrict__ sc,
+                                     float norm_eps, float hc_eps, int iters,
+                                     float *pre, float *post, float *comb)
+{
+    constexpr int NM = (2 + H) * H;
+    int t = blockIdx.x * blockDim.x + threadIdx.x;
+    if (t >= T) return;
+    float m[NM], sq = 0.0f;
+#pragma unroll
+    for (int i = 0; i < NM; i++) m[i] = 0.0f;
+    for (int ks = 0; ks < KS; ks++) {
+        const float *p = part + ((size_t)ks * T + t) * (NM + 1);
+#pragma unroll
+        for (int i = 0; i < NM; i++) m[i] += p[i];
+        sq += p[NM];
+    }
+    float r = 1.0f / sqrtf(sq / (float)(H * D) + norm_eps);
+#pragma unroll
+    for (int i = 0; i < NM; i++) m[i] *= r;
+#pragma unroll
+    for (int i = 0; i < H; i++) {
+        pre[(size_t)t * H + i] = g_sigmoid(m[i] * sc[0] + base[i]) + hc_eps;
+        post[(size_t)t * H + i] = 2.0f * g_sigmoid(m[H + i] * sc[1] + base[H + i]);
+    }
+    float C[H][H];
+#pragma unroll
+    for (int i = 0; i < H; i++) {
+        float mx = -INFINITY;
+#pragma unroll
+        for (int j = 0; j < H; j++) { C[i][j] = m[2 * H + i * H + j] * sc[2] + base[2 * H + i * H + j]; mx = fmaxf(mx, C[i][j]); }
+        float s = 0.0f;
+#pragma unroll
+        for (int j = 0; j < H; j++) { C[i][j] = expf(C[i][j] - mx); s += C[i][j]; }
+#pragma unroll
+        for (int j = 0; j < H; j++) C[i][j] = C[i][j] / s + hc_eps;
+    }
+    // C /= colsum + eps; then (iters-1) x (rows, cols)
+    for (int it = 0; it < iters; it++) {
+        if (it > 0) {
+#pragma unroll
+            for (int i = 0; i < H; i++) {
+                float s = 0.0f;
+#pragma unroll
+                for (int j = 0; j < H; j++) s += C[i][j];
+#pragma unroll
+                for (int j = 0; j < H; j++) C[i][j] /= s + hc_eps;
+            }
+        }
+#pragma unroll
+        for (int j = 0; j < H; j++) {
+            float s = 0.0f;
+#pragma unroll
+            for (int i = 0; i < H; i++) s += C[i][j];
+#pragma unroll
+            for (int i = 0; i < H; i++) C[i][j] /= s + hc_eps;
+        }
+    }
+#pragma unroll
+    for (int i = 0; i < H; i++)
+#pragma unroll
+        for (int j = 0; j < H; j++) comb[(size_t)t * H * H + i * H + j] = C[i][j];
+}
+
+template <int H>
+static int hc_mixes_h(const uint16_t *X, const float *fn, const float *base, const float *scale3, int T, int D,
+                      float norm_eps, float hc_eps, int iters, float *pre, float *post, float *comb, cudaStream_t st)
+{
+    constexpr int NM = (2 + H) * H;
+    int hD = H * D;
+    int warps_needed = (T + HC_TOK - 1) / HC_TOK;
+    int gx = (warps_needed + 7) / 8;
+    // split K until ~2 blocks per SM (132 SMs on an H200), chunks a multiple of 256
+    int ks = 1;
+    while (gx * ks < 264 && (hD / (ks * 2)) >= 1024) ks *= 2;
+    int kchunk = ((hD + ks - 1) / ks + 255) / 256 * 256;
+    ks = (hD + kchunk - 1) / kchunk;
+    float *part = NULL;
+    G_CHECK(cudaMallocAsync((void **)&part, sizeof(float) * (size_t)ks * T * (NM + 1), st));
+    g_hc_dots_kernel<H><<<dim3(gx, ks), 256, 0, st>>>(X, fn, T, D, kchunk, part);
+    G_LAUNCHED();
+    g_hc_sinkhorn_kernel<H><<<(T + 127) / 128, 128, 0, st>>>(part, ks, T, D, base, scale3, norm_eps, hc_eps,
+                                                             iters, pre, post, comb);
+    G_LAUNCHED();
+    G_CHECK(cudaFreeAsync(part, st));
+    return 0;
+}
+
+extern "C" int v41g_hc_mixes(const uint16_t *X, const float *fn, const float *base, const float *scale3,
+                             int T, int h, int D, float norm_eps, float hc_eps, int iters,
+                             float *pre, float *post, float *comb, v41g_stream s)
+{
+    if (T <= 0) return 0;
+    if ((h * D) % 256) return (int)cudaErrorInvalidValue;   // 8-wide vectors x 32 lanes
+    cudaStream_t st = G_STREAM(s);
+    switch (h) {
+    case 1: return hc_mixes_h<1>(X, fn, base, scale3, T, D, norm_eps, hc_eps, iters, pre, post, comb, st);
+    case 2: return hc_mixes_h<2>(X, fn, base, scale3, T, D, norm_eps, hc_eps, iters, pre, post, comb, st);
+    case 4: return hc_mixes_h<4>(X, fn, base, scale3, T, D, norm_eps, hc_eps, iters, pre, post, comb, st);
+    default: return (int)cudaErrorInvalidValue;
+    }
+}
+
+// y[t,:] = bf16(sum_i p[t,i] X[t,i,:]); one thread per 8-vector of D.
+__global__ void g_hc_pre_kernel(const uint16_t *__restrict__ X, const float *__restrict__ p, uint16_t *y,
+                                int T, int h, int D)
+{
+    int nv = D / 8;
+    size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x;
+    if (i >= (size_t)T * nv) return;
+    int t = (int)(i / nv), v = (int)(i % nv);
+    float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    for (int s = 0; s < h; s++) {
+        float w = p[(size_t)t * h + s];
+        uint4 x = *(const uint4 *)(X + ((size_t)t * h + s) * D + v * 8);
+        const uint16_t *e = (const uint16_t *)&x;
+#pragma unroll
+        for (int k = 0; k < 8; k++) acc[k] += w * g_bf2f(e[k]);
+    }
+    uint4 o;
+    uint16_t *oe = (uint16_t *)&o;
+#pragma unroll
+    for (int k = 0; k < 8; k++) oe[k] = g_f2bf(acc[k]);
+    *(uint4 *)(y + (size_t)t * D + v * 8) = o;
+}
+
+extern "C" int v41g_hc_pre(const uint16_t *X, const float *p, uint16_t *y, int T, int h, int D, v41g_stream s)
+{
+    if (D % 8) return (int)cudaErrorInvalidValue;
+    size_t n = (size_t)T * (D / 8);
+    if (!n) return 0;
+    g_hc_pre_kernel<<<(unsigned)((n + 255) / 256), 256, 0, G_STREAM(s)>>>(X, p, y, T, h, D);
+    G_LAUNCHED();
+    return 0;
+}
+
+// Xout[t,j,:] = bf16(post_j*y + sum_i C[i][j]*X_i); all h inputs are read before
+// any output is written, so Xout may alias X.
+template <int H>
+__global__ void g_hc_post_kernel(const uint16_t *__restrict__ y, const uint16_t *X, const float *__restrict__ post,
+                                 const float *__restrict__ comb, uint16_t *Xout, int T, int D)
+{
+    int nv = D / 8;
+    size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x;
+    if (i >= (size_t)T * nv) return;
+    int t = (int)(i / nv), v = (int)(i % nv);
+    float xs[H][8], yv[8];
+    uint4 yy = *(const uint4 *)(y + (size_t)t * D + v * 8);
+#pragma unroll
+    for (int k = 0; k < 8; k++) yv[k] = g_bf2f(((const uint16_t *)&yy)[k]);
+#pragma unroll
+    for (int s = 0; s < H; s++) {
+        uint4 x = *(const uint4 *)(X + ((size_t)t * H + s) * D + v * 8);
+#pragma unroll
+        for (int k = 0; k < 8; k++) xs[s][k] = g_bf2f(((const uint16_t *)&x)[k]);
+    }
+    const float *C = comb + (size_t)t * H * H;
+#pragma unroll
+    for (int j = 0; j < H; j++) {
+        float pj = post[(size_t)t * H + j];
+        uint4 o;
+        uint16_t *oe = (uint16_t *)&o;
+#pragma unroll
+        for (int k = 0; k < 8; k++) {
+            float a = pj * yv[k];
+#pragma unroll
+            for (int s = 0; s < H; s++) a += C[s * H + j] * xs[s][k];
+            oe[k] = g_f2bf(a);
+        }
+        *(uint4 *)(Xout + ((size_t)t * H + j) * D + v * 8) = o;
+    }
+}
+
+extern "C" int v41g_hc_post(const uint16_t *y, const uint16_t *X, const float *post, const float *comb,
+                            uint16_t *Xout, int T, int h, int D, v41g_stream s)
+{
+    if (D % 8) return (int)cudaErrorInvalidValue;
+    size_t n = (size_t)T * (D / 8);
+    if (!n) return 0;
+    unsigned g = (unsigned)((n + 127) / 128);
+    cudaStream_t st = G_STREAM(s);
+    switch (h) {
+    case 1: g_hc_post_kernel<1><<<g, 128, 0, st>>>(y, X, post, comb, Xout, T, D); break;
+    case 2: g_hc_post_kernel<2><<<g, 128, 0, st>>>(y, X, post, comb, Xout, T, D); break;
+    case 4: g_hc_post_kernel<4><<<g, 128, 0, st>>>(y, X, post, comb, Xout, T, D); break;
+    default: return (int)cudaErrorInvalidValue;
+    }
+    G_LAUNCHED();
+    return 0;
+}

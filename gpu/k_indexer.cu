@@ -1,0 +1,190 @@
+// k_indexer.cu: lightning indexer scores and top-k selection (SPEC §6).
+//
+// Scores: one block per (query row, 128 keys). The nI heads are the M
+// dimension of a tensor-core GEMM S = Q.K^T (bf16, fp32 accumulate); then
+// per key: I = bf16(sum_h bf16(w_h) * relu(bf16(S_h))) with the heads summed in
+// order in fp32. Keys past the row's visible count are not read.
+//
+// Top-k: one block per row, radix select on the 16-bit order-preserving key
+// of the bf16 score (two 8-bit histogram passes find the k-th largest value
+// and how many of its ties are needed), then one ordered compaction pass
+// emits the chosen positions ascending; ties go to the lower position because
+// the compaction ranks equal keys in position order. No sort of the row.
+#include "g_internal.cuh"
+#include <mma.h>
+using namespace nvcuda;
+
+#define IX_KT 128     /* keys per block */
+#define IX_THREADS 256
+
+__global__ void __launch_bounds__(IX_THREADS)
+g_indexer_kernel(const uint16_t *__restrict__ q, const float *__restrict__ w, const uint16_t *__restrict__ k,
+                 const int64_t *__restrict__ kbase, const int32_t *__restrict__ visible, int nI, int dI, int S,
+                 float *__restrict__ I)
+{
+    extern __shared__ __align__(128) unsigned char smem[];
+    const int t = blockIdx.y, s0 = blockIdx.x * IX_KT;
+    const int nIp = (nI + 15) & ~15, ld = dI + 8, lds = IX_KT + 4;
+    __nv_bfloat16 *Qs = (__nv_bfloat16 *)smem;                 // [nIp][ld]
+    __nv_bfloat16 *Ks = Qs + (size_t)nIp * ld;                  // [IX_KT][ld]
+    float *Ss = (float *)(Ks + (size_t)IX_KT * ld);             // [nIp][lds]
+    float *Ws = Ss + (size_t)nIp * lds;                         // [nIp]
+    const int tid = threadIdx.x, warp = tid >> 5;
+    const int vis = visible[t];
+    const int nv = dI / 8;
+    float *Irow = I + (size_t)t * S;
+    if (s0 >= vis) {   // whole tile invisible: -inf, nothing to read
+        for (int i = tid; i < IX_KT && s0 + i < S; i += IX_THREADS) Irow[s0 + i] = -INFINITY;
+        return;
+    }
+    for (int i = tid; i < nIp * nv; i += IX_THREADS) {
+        int r = i / nv, c = i % nv;
+        uint4 v = make_uint4(0, 0, 0, 0);
+        if (r < nI) v = *(const uint4 *)(q + ((size_t)t * nI + r) * dI + c * 8);
+        *(uint4 *)(Qs + r * ld + c * 8) = v;
+    }
+    if (tid < nIp) Ws[tid] = tid < nI ? g_rbf(w[(size_t)t * nI + tid]) : 0.0f;
+    const uint16_t *kb = k + (size_t)kbase[t] * dI;
+    for (int i = tid; i < IX_KT * nv; i += IX_THREADS) {
+        int r = i / nv, c = i % nv;
+        uint4 v = make_uint4(0, 0, 0, 0);
+        if (s0 + r < vis) v = __ldg((const uint4 *)(kb + (size_t)(s0 + r) * dI + c * 8));
+        *(uint4 *)(Ks + r * ld + c * 8) = v;
+    }
+    __syncthreads();
+    const int ntiles = (nIp / 16) * (IX_KT / 16);
+    for (int ti = warp; ti < ntiles; ti += IX_THREADS / 32) {
+        int rt = ti / (IX_KT / 16), ct = ti % (IX_KT / 16);
+        wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc;
+        wmma::fill_fragment(acc, 0.0f);
+        for (int kk = 0; kk < dI; kk += 16) {
+            wmma::fragment<wmma::matrix_a, 16, 16, 16, __nv_bfloat16, wmma::row_major> fa;
+            wmma::fragment<wmma::matrix_b, 16, 16, 16, __nv_bfloat16, wmma::col_major> fb;
+            wmma::load_matrix_sync(fa, Qs + rt * 16 * ld + kk, ld);
+            wmma::load_matrix_sync(fb, Ks + ct * 16 * ld + kk, ld);
+            wmma::mma_sync(acc, fa, fb, acc);
+        }
+        wmma::store_matrix_sync(Ss + rt * 16 * lds + ct * 16, acc, lds, wmma::mem_row_major);
+    }
+    __syncthreads();
+    for (int c = tid; c < IX_KT; c += IX_THREADS) {
+        int s = s0 + c;
+        if (s >= S) break;
+        float acc = 0.0f;
+        for (int h = 0; h < nI; h++) acc += Ws[h] * fmaxf(g_rbf(Ss[h * lds + c]), 0.0f);
+        Irow[s] = s < vis ? g_rbf(acc) : -INFINITY;
+    }
+}
+
+extern "C" int v41g_indexer_scores(const uint16_t *q, const float *w, const uint16_t *k, const int64_t *kbase,
+                                   const int32_t *visible, int T, int nI, int dI, int S, float *I, v41g_stream s)
+{
+    if (T <= 0 || S <= 0) return 0;
+    if (dI % 16) return (int)cudaErrorInvalidValue;
+    int nIp = (nI + 15) & ~15;
+    size_t sm = (size_t)(nIp + IX_KT) * (dI + 8) * 2 + (size_t)nIp * (IX_KT + 4) * 4 + nIp * 4;
+    G_CHECK(cudaFuncSetAttribute(g_indexer_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sm));
+    g_indexer_kernel<<<dim3((S + IX_KT - 1) / IX_KT, T), IX_THREADS, sm, G_STREAM(s)>>>(q, w, k, kbase, visible,
+                                                                                      nI, dI, S, I);
+    G_LAUNCHED();
+    return 0;
+}
+
+// ------------------------------------------------------------------ top-k
+#define TK_THREADS 1024
+
+// Order-preserving 16-bit key of a bf16-valued fp32 score (larger key = larger score).
+__device__ __forceinline__ uint32_t g_score_key(float f)
+{
+    uint32_t b = __float_as_uint(f) >> 16;
+    return (b & 0x8000u) ? (~b & 0xffffu) : (b | 0x8000u);
+}
+
+// Exclusive block prefix sum of a 0/1 flag (TK_THREADS threads); returns the total in *tot.
+__device__ __forceinline__ int g_block_scan01(int flag, int *wsum /*[32]*/, int *tot)
+{
+    int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
+    unsigned bal = __ballot_sync(0xffffffffu, flag);
+    int pre = __popc(bal & ((1u << lane) - 1u));
+    __syncthreads();
+    if (lane == 0) wsum[w] = __popc(bal);
+    __syncthreads();
+    if (w == 0) {
+        int v = wsum[lane], inc = v;
+        for (int o = 1; o < 32; o <<= 1) { int n = __shfl_up_sync(0xffffffffu, inc, o); if (lane >= o) inc += n; }
+        wsum[lane] = inc - v;   // exclusive
+        if (lane == 31) wsum[32] = inc;
+    }
+    __syncthreads();
+    *tot = wsum[32];
+    return wsum[w] + pre;
+}
+
+__global__ void __launch_bounds__(TK_THREADS)
+g_topk_kernel(const float *__restrict__ I, const int32_t *__restrict__ visible, int S, int k,
+              int32_t *__restrict__ out, uint8_t *tie_cut)
+{
+    __shared__ int hist[256];
+    __shared__ int wsum[33];
+    __shared__ int sel_hi, sel_lo, above_hi, above;
+    const int t = blockIdx.x, tid = threadIdx.x;
+    const float *row = I + (size_t)t * S;
+    int32_t *orow = out + (size_t)t * k;
+    const int kk = min(k, S);
+    // pass 1: histogram of the high byte
+    for (int i = tid; i < 256; i += TK_THREADS) hist[i] = 0;
+    __syncthreads();
+    for (int s = tid; s < S; s += TK_THREADS) atomicAdd(&hist[g_score_key(row[s]) >> 8], 1);
+    __syncthreads();
+    if (tid == 0) {
+        int cum = 0, b = 255;
+        for (; b > 0; b--) { if (cum + hist[b] >= kk) break; cum += hist[b]; }
+        sel_hi = b; above_hi = cum;
+    }
+    __syncthreads();
+    // pass 2: low byte among keys with that high byte
+    for (int i = tid; i < 256; i += TK_THREADS) hist[i] = 0;
+    __syncthreads();
+    const uint32_t hi = (uint32_t)sel_hi;
+    for (int s = tid; s < S; s += TK_THREADS) {
+        uint32_t key = g_score_key(row[s]);
+        if ((key >> 8) == hi) atomicAdd(&hist[key & 255], 1);
+    }
+    __syncthreads();
+    if (tid == 0) {
+        int cum = above_hi, b = 255;
+        for (; b > 0; b--) { if (cum + hist[b] >= kk) break; cum += hist[b]; }
+        sel_lo = b; above = cum;
+        if (tie_cut) {
+            uint32_t thr = (hi << 8) | (uint32_t)b;
+            // a tie straddles the cut when some equal keys are left out (and they are real scores)
+            tie_cut[t] = (uint8_t)(cum + hist[b] > kk && thr != g_score_key(-INFINITY));
+        }
+    }
+    __syncthreads();
+    const uint32_t thr = (hi << 8) | (uint32_t)sel_lo;
+    const int need = kk - above;          // how many keys equal to thr are taken (lowest positions)
+    const int vis = visible[t];
+    int eq_before = 0, sel_before = 0;
+    for (int base = 0; base < S; base += TK_THREADS) {
+        int s = base + tid;
+        uint32_t key = s < S ? g_score_key(row[s]) : 0;
+        int is_eq = s < S && key == thr, tot_eq, tot_sel;
+        int eq_rank = eq_before + g_block_scan01(is_eq, wsum, &tot_eq);
+        int sel = s < S && (key > thr || (is_eq && eq_rank < need));
+        int pos = sel_before + g_block_scan01(sel, wsum, &tot_sel);
+        if (sel) orow[pos] = s < vis ? s : -1;
+        eq_before += tot_eq;
+        sel_before += tot_sel;
+    }
+    for (int j = kk + tid; j < k; j += TK_THREADS) orow[j] = -1;
+}
+
+extern "C" int v41g_topk(const float *I, const int32_t *visible, int T, int S, int k, int32_t *out,
+                         uint8_t *tie_cut, v41g_stream s)
+{
+    if (T <= 0 || k <= 0) return 0;
+    g_topk_kernel<<<T, TK_THREADS, 0, G_STREAM(s)>>>(I, visible, S, k, out, tie_cut);
+    G_LAUNCHED();
+    return 0;
+}

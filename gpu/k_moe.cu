@@ -1,0 +1,256 @@
+// k_moe.cu: MoE routing and grouped expert FFN (SPEC §8).
+//
+// Routing: one thread per token (E scores, top-k by repeated argmax with ties
+// to the lower id). Expert FFN: a deterministic counting sort puts the
+// assignments in (expert, token) order (one block per expert compacts its
+// assignments in token order: no atomics, so the layout is reproducible), the
+// rows are gathered, every expert with tokens runs two cuBLAS GEMMs (w1|w3
+// fused, then w2) over its contiguous rows, and a combine kernel sums the
+// expert outputs per token in expert-id order in fp32 (then the shared
+// expert) and rounds once. Expert weights are bf16 on the device (fp4/fp8
+// checkpoints are dequantized on upload); inputs of every expert Linear are
+// act_quant'ed first, as the fp4/fp8 Linears do.
+#include "g_internal.cuh"
+#include <vector>
+
+#define MOE_KMAX 16
+
+__global__ void g_route_kernel(const float *__restrict__ logits, const float *__restrict__ bias, int T, int E, int k,
+                               int score_func, float temp, int norm, float route_scale, int32_t *idx, float *wts)
+{
+    int t = blockIdx.x * blockDim.x + threadIdx.x;
+    if (t >= T) return;
+    const float *l = logits + (size_t)t * E;
+    // score of expert e (recomputed on the fly: E can be large)
+    float mx = -INFINITY, den = 0.0f;
+    if (score_func == 1) {
+        for (int e = 0; e < E; e++) mx = fmaxf(mx, l[e] / temp);
+        for (int e = 0; e < E; e++) den += expf(l[e] / temp - mx);
+    }
+    int chosen[MOE_KMAX];
+    float sc[MOE_KMAX];
+    for (int j = 0; j < k; j++) {
+        int best = -1;
+        float bv = -INFINITY, bs = 0.0f;
+        for (int e = 0; e < E; e++) {
+            bool used = false;
+            for (int q = 0; q < j; q++) used |= chosen[q] == e;
+            if (used) continue;
+            float z = l[e] / temp, s;
+            if (score_func == 0) { float sp = z > 20.0f ? z : log1pf(expf(z)); s = sqrtf(sp); }
+            else if (score_func == 1) s = expf(z - mx) / den;
+            else s = 1.0f / (1.0f + expf(-z));
+            float v = s + (bias ? bias[e] : 0.0f);
+            if (best < 0 || v > bv) { best = e; bv = v; bs = s; }
+        }
+        chosen[j] = best; sc[j] = bs;
+    }
+    float sum = 0.0f;
+    for (int j = 0; j < k; j++) sum += sc[j];
+    for (int j = 0; j < k; j++) {
+        float wv = sc[j];
+        if (norm && k > 1) wv /= (sum + 1e-20f);
+        idx[(size_t)t * k + j] = chosen[j];
+        wts[(size_t)t * k + j] = wv * route_scale;
+    }
+}
+
+extern "C" int v41g_moe_route(const float *logits, const float *bias, int T, int E, int k, int score_func,
+                              float temp, int norm, float route_scale, int32_t *idx, float *wts, v41g_stream s)
+{
+    if (T <= 0) return 0;
+    if (k > MOE_KMAX || k > E) return (int)cudaErrorInvalidValue;
+    g_route_kernel<<<(T + 127) / 128, 128, 0, G_STREAM(s)>>>(logits, bias, T, E, k, score_func, temp, norm,
+                                                            route_scale, idx, wts);
+    G_LAUNCHED();
+    return 0;
+}
+
+// ---- workspace layout
+struct moe_ws {
+    int32_t *counts, *offsets, *perm, *pos_of;
+    uint16_t *xq, *xs, *h13, *h, *ye, *hs13, *hs, *ys;
+    size_t total;
+};
+static size_t al256(size_t n) { return (n + 255) & ~(size_t)255; }
+static moe_ws moe_layout(const v41g_moe *m, void *base)
+{
+    moe_ws w;
+    size_t A = (size_t)m->T * m->k, o = 0;
+    char *b = (char *)base;
+#define TAKE(ptr, type, n) do { w.ptr = (type *)(b ? b + o : NULL); o += al256(sizeof(type) * (size_t)(n)); } while (0)
+    TAKE(counts, int32_t, m->E);
+    TAKE(offsets, int32_t, m->E + 1);
+    TAKE(perm, int32_t, A);
+    TAKE(pos_of, int32_t, A);
+    TAKE(xq, uint16_t, (size_t)m->T * m->D);
+    TAKE(xs, uint16_t, A * m->D);
+    TAKE(h13, uint16_t, A * 2 * m->I);
+    TAKE(h, uint16_t, A * m->I);
+    TAKE(ye, uint16_t, A * m->D);
+    if (m->w13s) {
+        TAKE(hs13, uint16_t, (size_t)m->T * 2 * m->I);
+        TAKE(hs, uint16_t, (size_t)m->T * m->I);
+        TAKE(ys, uint16_t, (size_t)m->T * m->D);
+    } else { w.hs13 = w.hs = w.ys = NULL; }
+#undef TAKE
+    w.total = o;
+    return w;
+}
+
+extern "C" size_t v41g_moe_ws_size(const v41g_moe *m) { return moe_layout(m, NULL).total; }
+
+#define MS_THREADS 1024
+// Block e: count assignments to expert e (pass 0), or compact them in token
+// order to offsets[e].. and gather the rows (pass 1).
+__global__ void __launch_bounds__(MS_THREADS)
+g_moe_sort_kernel(const int32_t *__restrict__ idx, int A, int pass, int32_t *counts, const int32_t *offsets,
+                  int32_t *perm, int32_t *pos_of)
+{
+    __shared__ int wsum[33];
+    const int e = blockIdx.x, lane = threadIdx.x & 31, w = threadIdx.x >> 5;
+    int before = 0;
+    for (int base = 0; base < A; base += MS_THREADS) {
+        int a = base + threadIdx.x;
+        int f = a < A && idx[a] == e;
+        unsigned bal = __ballot_sync(0xffffffffu, f);
+        int pre = __popc(bal & ((1u << lane) - 1u));
+        __syncthreads();
+        if (lane == 0) wsum[w] = __popc(bal);
+        __syncthreads();
+        if (w == 0) {
+            int v = wsum[lane], inc = v;
+            for (int o = 1; o < 32; o <<= 1) { int n = __shfl_up_sync(0xffffffffu, inc, o); if (lane >= o) inc += n; }
+            wsum[lane] = inc - v;
+            if (lane == 31) wsum[32] = inc;
+        }
+        __syncthreads();
+        if (pass == 1 && f) {
+            int pos = offsets[e] + before + wsum[w] + pre;
+            perm[pos] = a;
+            pos_of[a] = pos;
+        }
+        before += wsum[32];
+    }
+    if (pass == 0 && threadIdx.x == 0) counts[e] = before;
+}
+
+__global__ void g_moe_scan_kernel(const int32_t *counts, int E, int32_t *offsets)
+{
+    if (threadIdx.x == 0 && blockIdx.x == 0) {
+        int s = 0;
+        for (int e = 0; e < E; e++) { offsets[e] = s; s += counts[e]; }
+        offsets[E] = s;
+    }
+}
+
+// xs[pos] = xq[perm[pos] / k]
+__global__ void g_moe_gather_kernel(const uint16_t *__restrict__ xq, const int32_t *__restrict__ perm, int A, int k,
+                                    int D, uint16_t *__restrict__ xs)
+{
+    int nv = D / 8;
+    size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x;
+    if (i >= (size_t)A * nv) return;
+    int pos = (int)(i / nv), v = (int)(i % nv);
+    int t = perm[pos] / k;
+    *(uint4 *)(xs + (size_t)pos * D + v * 8) = *(const uint4 *)(xq + (size_t)t * D + v * 8);
+}
+
+// h[r, i] = bf16(silu(min(g, L)) * clamp(u, -L, L) * wt[r]); g, u = h13[r, i], h13[r, I+i].
+__global__ void g_swiglu_kernel(const uint16_t *__restrict__ h13, const float *__restrict__ wts,
+                                const int32_t *__restrict__ perm, int R, int I, float L, uint16_t *__restrict__ h)
+{
+    size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x;
+    if (i >= (size_t)R * I) return;
+    int r = (int)(i / I), c = (int)(i % I);
+    float g = g_bf2f(h13[(size_t)r * 2 * I + c]), u = g_bf2f(h13[(size_t)r * 2 * I + I + c]);
+    if (L > 0.0f) { g = fminf(g, L); u = fminf(fmaxf(u, -L), L); }
+    float wt = wts ? wts[perm ? perm[r] : r] : 1.0f;
+    float silu = g / (1.0f + expf(-g));
+    h[i] = g_f2bf(silu * u * wt);
+}
+
+// out[t] = bf16(sum over the token's experts in id order of ye[pos] (+ ys[t])), fp32 accumulate from 0.
+__global__ void g_moe_combine_kernel(const uint16_t *__restrict__ ye, const uint16_t *__restrict__ ys,
+                                     const int32_t *__restrict__ idx, const int32_t *__restrict__ pos_of, int T, int k,
+                                     int D, uint16_t *__restrict__ out)
+{
+    int nv = D / 8;
+    size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x;
+    if (i >= (size_t)T * nv) return;
+    int t = (int)(i / nv), v = (int)(i % nv);
+    int ord[MOE_KMAX];
+    for (int j = 0; j < k; j++) ord[j] = j;
+    for (int a = 1; a < k; a++)       // insertion sort of the k choices by expert id
+        for (int b = a; b > 0 && idx[(size_t)t * k + ord[b]] < idx[(size_t)t * k + ord[b - 1]]; b--) {
+            int tmp = ord[b]; ord[b] = ord[b - 1]; ord[b - 1] = tmp;
+        }
+    float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    for (int j = 0; j < k; j++) {
+        int pos = pos_of[(size_t)t * k + ord[j]];
+        uint4 y = *(const uint4 *)(ye + (size_t)pos * D + v * 8);
+#pragma unroll
+        for (int u = 0; u < 8; u++) acc[u] += g_bf2f(((const uint16_t *)&y)[u]);
+    }
+    if (ys) {
+        uint4 y = *(const uint4 *)(ys + (size_t)t * D + v * 8);
+#pragma unroll
+        for (int u = 0; u < 8; u++) acc[u] += g_bf2f(((const uint16_t *)&y)[u]);
+    }
+    uint4 o;
+#pragma unroll
+    for (int u = 0; u < 8; u++) ((uint16_t *)&o)[u] = g_f2bf(acc[u]);
+    *(uint4 *)(out + (size_t)t * D + v * 8) = o;
+}
+
+extern "C" int v41g_moe_ffn(const v41g_moe *m, const uint16_t *x, const int32_t *idx, const float *wts, void *ws,
+                            uint16_t *out, v41g_stream s)
+{
+    if (m->T <= 0) return 0;
+    if (m->D % 32 || m->I % 32 || m->k > MOE_KMAX) return (int)cudaErrorInvalidValue;
+    cudaStream_t st = G_STREAM(s);
+    moe_ws w = moe_layout(m, ws);
+    const int A = m->T * m->k, D = m->D, I = m->I;
+    int rc;
+    if ((rc = v41g_act_quant(x, NULL, NULL, w.xq, m->T, D, s))) return rc;
+    g_moe_sort_kernel<<<m->E, MS_THREADS, 0, st>>>(idx, A, 0, w.counts, NULL, NULL, NULL);
+    G_LAUNCHED();
+    g_moe_scan_kernel<<<1, 32, 0, st>>>(w.counts, m->E, w.offsets);
+    G_LAUNCHED();
+    g_moe_sort_kernel<<<m->E, MS_THREADS, 0, st>>>(idx, A, 1, w.counts, w.offsets, w.perm, w.pos_of);
+    G_LAUNCHED();
+    g_moe_gather_kernel<<<(unsigned)(((size_t)A * (D / 8) + 255) / 256), 256, 0, st>>>(w.xq, w.perm, A, m->k, D, w.xs);
+    G_LAUNCHED();
+    // the host needs the per-expert row counts to issue one GEMM per expert
+    std::vector<int32_t> off(m->E + 1);
+    G_CHECK(cudaMemcpyAsync(off.data(), w.offsets, sizeof(int32_t) * (m->E + 1), cudaMemcpyDeviceToHost, st));
+    G_CHECK(cudaStreamSynchronize(st));
+    const size_t w13sz = (size_t)2 * I * D, w2sz = (size_t)D * I;
+    for (int e = 0; e < m->E; e++) {
+        int n = off[e + 1] - off[e];
+        if (!n) continue;
+        if ((rc = v41g_gemm_bf16(w.xs + (size_t)off[e] * D, m->w13 + e * w13sz, w.h13 + (size_t)off[e] * 2 * I,
+                                 n, 2 * I, D, 0, 1, 0, 0, 0, s))) return rc;
+    }
+    g_swiglu_kernel<<<(unsigned)(((size_t)A * I + 255) / 256), 256, 0, st>>>(w.h13, wts, w.perm, A, I, m->limit, w.h);
+    G_LAUNCHED();
+    if ((rc = v41g_act_quant(w.h, NULL, NULL, w.h, A, I, s))) return rc;
+    for (int e = 0; e < m->E; e++) {
+        int n = off[e + 1] - off[e];
+        if (!n) continue;
+        if ((rc = v41g_gemm_bf16(w.h + (size_t)off[e] * I, m->w2 + e * w2sz, w.ye + (size_t)off[e] * D,
+                                 n, D, I, 0, 1, 0, 0, 0, s))) return rc;
+    }
+    if (m->w13s) {
+        if ((rc = v41g_gemm_bf16(w.xq, m->w13s, w.hs13, m->T, 2 * I, D, 0, 1, 0, 0, 0, s))) return rc;
+        g_swiglu_kernel<<<(unsigned)(((size_t)m->T * I + 255) / 256), 256, 0, st>>>(w.hs13, NULL, NULL, m->T, I,
+                                                                                   m->limit, w.hs);
+        G_LAUNCHED();
+        if ((rc = v41g_act_quant(w.hs, NULL, NULL, w.hs, m->T, I, s))) return rc;
+        if ((rc = v41g_gemm_bf16(w.hs, m->w2s, w.ys, m->T, D, I, 0, 1, 0, 0, 0, s))) return rc;
+    }
+    g_moe_combine_kernel<<<(unsigned)(((size_t)m->T * (D / 8) + 255) / 256), 256, 0, st>>>(
+        w.ye, w.ys, idx, w.pos_of, m->T, m->k, D, out);
+    G_LAUNCHED();
+    return 0;
+}

@@ -1,0 +1,139 @@
+/* v41_gpu.h: the CUDA kernels of the V4.1 forward pass (SPEC.md §2-§8),
+ * callable from C. Every pointer argument of a kernel entry point is a
+ * DEVICE pointer unless its comment says host; bf16 tensors are passed as
+ * uint16_t (raw bits), row-major, shapes in SPEC notation. Entry points
+ * enqueue on `stream` (NULL = the legacy default stream) and return 0 or a
+ * CUDA error code (v41g_error_string names it). No global mutable state
+ * except the CUDA runtime's own (one device per process: device 0). */
+#ifndef V41_GPU_H
+#define V41_GPU_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef void *v41g_stream;   /* a cudaStream_t */
+
+/* ---- device and memory helpers (host side) ---- */
+int v41g_device_count(void);                   /* 0 when no device / no driver */
+int v41g_device_name(char *buf, size_t n);     /* "NVIDIA H200 (sm_90, 132 SMs)" */
+const char *v41g_error_string(int code);
+void *v41g_malloc(size_t nbytes);              /* NULL on failure */
+void v41g_free(void *p);
+int v41g_h2d(void *dst, const void *src, size_t n);
+int v41g_d2h(void *dst, const void *src, size_t n);
+int v41g_memset(void *dst, int byte, size_t n);
+int v41g_sync(void);
+/* Fill with deterministic pseudo-random values (benchmarks): bf16 in
+ * [-amp, amp], fp32 likewise. */
+int v41g_fill_bf16(uint16_t *x, size_t n, uint64_t seed, float amp, v41g_stream s);
+int v41g_fill_f32(float *x, size_t n, uint64_t seed, float amp, v41g_stream s);
+
+/* ---- RoPE frequency table (host, SPEC §4): r/2 fp32 frequencies;
+ * YaRN applied when orig_seq_len > 0. ---- */
+void v41g_rope_freqs(int r, double theta, int orig_seq_len, double factor,
+                     double beta_fast, double beta_slow, float *out);
+
+/* ---- small ops ---- */
+/* y[rows,dim] = bf16((x*rsqrt(mean(x^2)+eps))*w), fp32 math (SPEC §2). */
+int v41g_rmsnorm(const uint16_t *x, const uint16_t *w, uint16_t *y, int rows, int dim,
+                 float eps, v41g_stream s);
+/* In-place interleaved RoPE on the last r dims of each head of x[rows, heads, d]
+ * (row stride = heads*d); pos[rows] int32; freqs[r/2]; inverse uses -sin. */
+int v41g_rope(uint16_t *x, const int32_t *pos, const float *freqs, int rows, int heads,
+              int d, int r, int inverse, v41g_stream s);
+/* act_quant(x, 32) over rows of n (n % 32 == 0): q e4m3 codes [rows,n],
+ * scale fp32 [rows,n/32] (powers of two), deq = q*scale as bf16 [rows,n].
+ * Any of q/scale/deq may be NULL. */
+int v41g_act_quant(const uint16_t *x, uint8_t *q, float *scale, uint16_t *deq,
+                   int rows, int n, v41g_stream s);
+/* fp4 quantize-dequantize per group of g over rows of n: scale_e4m3 = 0 for
+ * e8m0 (power-of-two) scales, 1 for e4m3 scales. y may equal x. */
+int v41g_fp4_qdq(const uint16_t *x, uint16_t *y, int rows, int n, int g, int scale_e4m3,
+                 v41g_stream s);
+
+/* ---- mHC (SPEC §3) ---- */
+/* Fused per token: mixes m = (X.fn^T)*rsqrt(mean X^2 + norm_eps), then
+ * pre/post/comb with the Sinkhorn iterations. X[T,h*D] bf16, fn[(2+h)h, hD],
+ * base[(2+h)h], scale3[3] fp32. Out: pre[T,h], post[T,h], comb[T,h,h] fp32. */
+int v41g_hc_mixes(const uint16_t *X, const float *fn, const float *base, const float *scale3,
+                  int T, int h, int D, float norm_eps, float hc_eps, int iters,
+                  float *pre, float *post, float *comb, v41g_stream s);
+/* y[T,D] = bf16(sum_i p[t,i] X[t,i,:]) */
+int v41g_hc_pre(const uint16_t *X, const float *p, uint16_t *y, int T, int h, int D, v41g_stream s);
+/* Xout[t,j,:] = bf16(post[t,j]*y[t,:] + sum_i comb[t,i,j]*X[t,i,:]); Xout may equal X. */
+int v41g_hc_post(const uint16_t *y, const uint16_t *X, const float *post, const float *comb,
+                 uint16_t *Xout, int T, int h, int D, v41g_stream s);
+
+/* ---- sparse attention with sink (SPEC §4.4; DSpark §8) ----
+ * Query row t (T rows, H heads, head dim d, d % 16 == 0, d <= 512) attends
+ * to its key list idx[t, 0..L): entry j < n_a is a row of pool A (kv_a[row, d]),
+ * j >= n_a a row of pool B; -1 = padding with zero weight. K = V (MQA).
+ * Online softmax in chunks of 64 list entries from index 0, running max from
+ * -1e30, fp32 denominator, bf16-rounded probabilities in the numerator, sink
+ * added once with the final max (sink NULL = no sink). o[T,H,d] bf16. A row
+ * with no valid key and no sink gets zeros. */
+int v41g_sparse_attn(const uint16_t *q, const uint16_t *kv_a, const uint16_t *kv_b,
+                     const int32_t *idx, int L, int n_a, const float *sink, float scale,
+                     int T, int H, int d, uint16_t *o, v41g_stream s);
+
+/* ---- lightning indexer (SPEC §6) ----
+ * Scores of query row t against its request's keys k[kbase[t] + s, dI] for
+ * s < S (scores padded with -inf beyond S): I[t,s] = bf16(sum_h bf16(w[t,h]) *
+ * relu(bf16(q[t,h,:].k_s))), -inf where s >= visible[t]. q[T,nI,dI] bf16,
+ * w[T,nI] fp32 (already scaled), I[T,S] fp32 (bf16 values). dI % 16 == 0. */
+int v41g_indexer_scores(const uint16_t *q, const float *w, const uint16_t *k, const int64_t *kbase,
+                        const int32_t *visible, int T, int nI, int dI, int S, float *I,
+                        v41g_stream s);
+/* Top-k per row of I[T,S] by radix select (no full sort): the k best scores,
+ * ties toward the lower position; chosen positions sorted ascending; chosen
+ * positions >= visible[t] become -1 (so -1s sit at the end). out[T,k] int32.
+ * tie_cut[T] (u8, may be NULL) = 1 when equal scores straddled the cut. */
+int v41g_topk(const float *I, const int32_t *visible, int T, int S, int k, int32_t *out,
+              uint8_t *tie_cut, v41g_stream s);
+
+/* ---- MoE (SPEC §8) ----
+ * Gate: scores from fp32 logits[T,E]: sqrt(softplus(l/temp)) (score_func 0),
+ * softmax (1) or sigmoid (2); top-k of s+bias (bias may be NULL; ties to the
+ * lower expert id); weights s[chosen] (normalised when norm && k>1) * route_scale.
+ * idx[T,k] int32 ascending by choice rank, wts[T,k] fp32. */
+int v41g_moe_route(const float *logits, const float *bias, int T, int E, int k, int score_func,
+                   float temp, int norm, float route_scale, int32_t *idx, float *wts, v41g_stream s);
+
+/* Grouped expert FFN over bf16 weights (fp4 experts dequantized on upload):
+ * w13[E, 2*I, D] (w1 rows then w3 rows), w2[E, D, I]. x[T,D] bf16 is the FFN
+ * input; out[T,D] bf16 = bf16(sum_j expert_{idx[t,j]}(x_t) in expert-id order)
+ * where each expert output is bf16 and h = bf16(silu(min(g,L))*clamp(u,+-L)*w)
+ * (L = 0: no clamp). Tokens are sorted by expert (counting sort on the device)
+ * and each expert's rows run as one cuBLAS GEMM. The shared expert, if
+ * w13s != NULL, is added after the routed ones. ws: workspace from
+ * v41g_moe_ws_size. */
+typedef struct v41g_moe {
+    int T, D, I, E, k;
+    float limit;
+    const uint16_t *w13, *w2;      /* routed experts */
+    const uint16_t *w13s, *w2s;    /* shared expert or NULL */
+} v41g_moe;
+size_t v41g_moe_ws_size(const v41g_moe *m);
+int v41g_moe_ffn(const v41g_moe *m, const uint16_t *x, const int32_t *idx, const float *wts,
+                 void *ws, uint16_t *out, v41g_stream s);
+
+/* ---- dense GEMM through cuBLAS: y[M,N] = x[M,K] . w[N,K]^T, bf16 in, fp32
+ * accumulate, bf16 out (out_f32 != 0: fp32 out). batch > 1: strided batches
+ * (x stride M*K... given explicitly). ---- */
+int v41g_gemm_bf16(const uint16_t *x, const uint16_t *w, void *y, int M, int N, int K,
+                   int out_f32, int batch, long long sx, long long sw, long long sy,
+                   v41g_stream s);
+/* The cuBLAS handle is per thread and created on first use. */
+void v41g_gemm_release(void);
+
+/* ---- benchmark: `v41 bench gpu [--json OUT] [--quick]` ---- */
+int v41g_bench_main(int argc, char **argv);
+
+#ifdef __cplusplus
+}
+#endif
+#endif
