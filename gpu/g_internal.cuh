@@ -67,3 +67,18 @@ __device__ __forceinline__ float g_block_sum(float v, float *sh /*[32]*/) {
     float r = lane < nw ? sh[lane] : 0.0f;
     return g_warp_sum(r);
 }
+
+// Stream-ordered scratch allocation. The device's default pool keeps freed
+// memory (release threshold = max) so repeated calls do not re-map memory at
+// every synchronisation (that would cost tens of microseconds per call).
+static inline cudaError_t g_tmp_alloc(void **p, size_t n, cudaStream_t st)
+{
+    cudaMemPool_t pool;
+    int dev = 0;
+    cudaGetDevice(&dev);
+    if (cudaDeviceGetDefaultMemPool(&pool, dev) == cudaSuccess) {
+        uint64_t thr = UINT64_MAX;
+        cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &thr);
+    }
+    return cudaMallocAsync(p, n, st);
+}

@@ -4,7 +4,7 @@
 // One block per (query row, tile of 32 heads, split of the list). K = V is one
 // shared head (MQA), so a tile of heads is the M dimension of two tensor-core
 // GEMMs per chunk of 64 list entries: S = Q.K^T [32 x 64] and O += P.V
-// [32 x d] (wmma bf16, fp32 accumulate). The online softmax follows the
+// [32 x d] (mma.sync m16n8k16 bf16, fp32 accumulate; O stays in registers). The online softmax follows the
 // official rounding points: chunks of 64 entries from index 0 of the list,
 // running max from -1e30, fp32 denominator, probabilities rounded to bf16 in
 // the numerator, sink added once with the final max. -1 entries are skipped in
@@ -12,8 +12,6 @@
 // When the list is split across blocks (small batches), per-split partials are
 // merged by a second kernel (exactly the same result when all maxima agree).
 #include "g_internal.cuh"
-#include <mma.h>
-using namespace nvcuda;
 
 #define AT_MT 32      /* heads per block */
 #define AT_CK 64      /* list entries per chunk (official chunk width) */
@@ -21,115 +19,154 @@ using namespace nvcuda;
 #define AT_NEG (-1e30f)
 
 struct at_smem {
-    int dq, dp, ds, dO;   /* leading dims */
+    int dq, dp, ds;       /* leading dims (padded: conflict-free fragment loads) */
     size_t offQ, offK, offS, offP, offO, offV, total;
 };
-__host__ __device__ static inline at_smem at_layout(int d)
+// Q tile | K chunk x 2 (double buffer) | S | P | m, l, corr | the split's index list
+__host__ __device__ static inline at_smem at_layout(int d, int cps)
 {
     at_smem L;
-    L.dq = d + 8; L.dp = AT_CK + 8; L.ds = AT_CK + 4; L.dO = d + 4;
+    L.dq = d + 8; L.dp = AT_CK + 8; L.ds = AT_CK + 4;
     L.offQ = 0;
     L.offK = L.offQ + (size_t)AT_MT * L.dq * 2;
-    L.offS = L.offK + (size_t)AT_CK * L.dq * 2;
+    L.offS = L.offK + 2 * (size_t)AT_CK * L.dq * 2;
     L.offP = L.offS + (size_t)AT_MT * L.ds * 4;
     L.offO = L.offP + (size_t)AT_MT * L.dp * 2;
-    L.offV = L.offO + (size_t)AT_MT * L.dO * 4;           /* m, l, corr [AT_MT] each + valid[AT_CK] */
-    L.total = L.offV + (size_t)(3 * AT_MT + AT_CK) * 4;
+    L.offV = L.offO + (size_t)3 * AT_MT * 4;
+    L.total = L.offV + (size_t)cps * AT_CK * 4;
     return L;
 }
+#define AT_MAX_CPS 48   /* index list of one split in shared memory: <= 12 KB */
 
-__global__ void __launch_bounds__(AT_THREADS)
+// 16-byte global -> shared copy that bypasses registers (cp.async, L2 only);
+// src_bytes = 0 zero-fills the destination (padding rows).
+__device__ __forceinline__ void g_cp_async16(void *dst, const void *src, int src_bytes)
+{
+    uint32_t d = (uint32_t)__cvta_generic_to_shared(dst);
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(d), "l"(src), "r"(src_bytes));
+}
+__device__ __forceinline__ void g_cp_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int N> __device__ __forceinline__ void g_cp_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }
+
+__device__ __forceinline__ void g_mma_bf16(float *c, uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
+                                           uint32_t b0, uint32_t b1)
+{
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+                 "{%0,%1,%2,%3};\n"
+                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                 : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+__device__ __forceinline__ uint32_t g_ld32(const __nv_bfloat16 *p) { return *(const uint32_t *)p; }
+
+// Fragment layouts of mma.m16n8k16 (g = lane/4, c = lane%4): A regs hold (row g | g+8, cols 2c,2c+1 | +8);
+// B regs hold (k = 2c,2c+1 | +8, n = g); C holds (row g | g+8, cols 2c, 2c+1). Every warp computes the
+// scores of 8 keys for all 32 heads (S), then owns d/8 output columns of O (kept in registers, so the
+// online-softmax rescale is a register multiply).
+template <int NT>   /* 8-column n-tiles of O per warp: d = 64 * NT */
+__global__ void __launch_bounds__(AT_THREADS, 1)
 g_sparse_attn_kernel(const uint16_t *__restrict__ q, const uint16_t *__restrict__ kv_a,
                      const uint16_t *__restrict__ kv_b, const int32_t *__restrict__ idx, int L, int n_a,
-                     const float *__restrict__ sink, float scale, int H, int d, int chunks_per_split,
+                     const float *__restrict__ sink, float scale, int H, int chunks_per_split,
                      uint16_t *__restrict__ o, float *__restrict__ part /* NS>1: [T,tiles,NS,MT,(d+2)] */)
 {
+    constexpr int d = 64 * NT;
     extern __shared__ __align__(128) unsigned char smem[];
-    const at_smem Ly = at_layout(d);
+    const at_smem Ly = at_layout(d, chunks_per_split);
     __nv_bfloat16 *Qs = (__nv_bfloat16 *)(smem + Ly.offQ);
-    __nv_bfloat16 *Ks = (__nv_bfloat16 *)(smem + Ly.offK);
+    __nv_bfloat16 *Kbuf = (__nv_bfloat16 *)(smem + Ly.offK);
     float *Ss = (float *)(smem + Ly.offS);
     __nv_bfloat16 *Ps = (__nv_bfloat16 *)(smem + Ly.offP);
-    float *Os = (float *)(smem + Ly.offO);
-    float *Ms = (float *)(smem + Ly.offV), *Ls = Ms + AT_MT, *Cs = Ls + AT_MT;
-    int *Vs = (int *)(Cs + AT_MT);
+    float *Ms = (float *)(smem + Ly.offO), *Ls = Ms + AT_MT, *Cs = Ls + AT_MT;
+    int *Vall = (int *)(smem + Ly.offV);
+    const int dq = Ly.dq, dp = Ly.dp, ds = Ly.ds;
 
     const int t = blockIdx.x, tile = blockIdx.y, split = blockIdx.z, NS = gridDim.z;
     const int h0 = tile * AT_MT;
-    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
-    const int nv = d / 8;   /* 16-byte vectors per row */
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, c4 = lane & 3;
+    constexpr int nv = d / 8;   /* 16-byte vectors per row */
 
-    // Q tile (rows past H are zero), O = 0, m = -1e30, l = 0
     for (int i = tid; i < AT_MT * nv; i += AT_THREADS) {
         int r = i / nv, c = i % nv;
         uint4 v = make_uint4(0, 0, 0, 0);
         if (h0 + r < H) v = *(const uint4 *)(q + ((size_t)t * H + h0 + r) * d + c * 8);
-        *(uint4 *)(Qs + r * Ly.dq + c * 8) = v;
+        *(uint4 *)(Qs + r * dq + c * 8) = v;
     }
-    for (int i = tid; i < AT_MT * d; i += AT_THREADS) Os[(i / d) * Ly.dO + i % d] = 0.0f;
     if (tid < AT_MT) { Ms[tid] = AT_NEG; Ls[tid] = 0.0f; }
+    float acc[2][NT][4];
+#pragma unroll
+    for (int mt = 0; mt < 2; mt++)
+#pragma unroll
+        for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) acc[mt][nt][e] = 0.0f;
 
     const int nchunks = (L + AT_CK - 1) / AT_CK;
     const int c0 = split * chunks_per_split, c1 = min(nchunks, c0 + chunks_per_split);
     const int32_t *row_idx = idx + (size_t)t * L;
+    // the split's whole index list, once (positions past L are padding)
+    for (int j = tid; j < (c1 - c0) * AT_CK; j += AT_THREADS) {
+        int gj = c0 * AT_CK + j;
+        Vall[j] = gj < L ? row_idx[gj] : -1;
+    }
+    __syncthreads();
+    // issue the cp.async gather of chunk c into buffer b (invalid rows zero-filled)
+    auto prefetch = [&](int c, int b) {
+        __nv_bfloat16 *Kd = Kbuf + (size_t)b * AT_CK * dq;
+        const int *Vc = Vall + (c - c0) * AT_CK;
+#pragma unroll 4
+        for (int i = tid; i < AT_CK * nv; i += AT_THREADS) {
+            int j = i / nv, cc = i % nv, id = Vc[j];
+            const uint16_t *pool = (c * AT_CK + j) < n_a ? kv_a : kv_b;
+            const uint16_t *src = id >= 0 ? pool + (size_t)id * d + cc * 8 : pool;
+            g_cp_async16(Kd + j * dq + cc * 8, src, id >= 0 ? 16 : 0);
+        }
+        g_cp_commit();
+    };
+    if (c0 < c1) prefetch(c0, 0);
 
     for (int c = c0; c < c1; c++) {
-        __syncthreads();   // previous chunk's readers of Ks / Ps are done
-        if (tid < AT_CK) {
-            int gj = c * AT_CK + tid;
-            Vs[tid] = gj < L ? row_idx[gj] : -1;
-        }
+        const int b = (c - c0) & 1;
+        const __nv_bfloat16 *Ks = Kbuf + (size_t)b * AT_CK * dq;
+        const int *Vs = Vall + (c - c0) * AT_CK;
+        // keep the next chunk's loads in flight while this one is computed
+        if (c + 1 < c1) { prefetch(c + 1, b ^ 1); g_cp_wait<1>(); }
+        else g_cp_wait<0>();
         __syncthreads();
-        // gather the chunk's keys (invalid rows -> zeros); 8 loads in flight per thread
-        for (int base = tid; base < AT_CK * nv; base += AT_THREADS * 8) {
-            uint4 buf[8];
+        // S = Q . K^T: warp w -> keys 8w..8w+7, both 16-head m-tiles
+        {
+            float s[2][4] = {{0, 0, 0, 0}, {0, 0, 0, 0}};
+            const __nv_bfloat16 *kr = Ks + (warp * 8 + g) * dq + 2 * c4;
+#pragma unroll 8
+            for (int k0 = 0; k0 < d; k0 += 16) {
+                uint32_t b0 = g_ld32(kr + k0), b1 = g_ld32(kr + k0 + 8);
 #pragma unroll
-            for (int u = 0; u < 8; u++) {
-                int i = base + u * AT_THREADS;
-                buf[u] = make_uint4(0, 0, 0, 0);
-                if (i < AT_CK * nv) {
-                    int j = i / nv, cc = i % nv, id = Vs[j];
-                    if (id >= 0) {
-                        const uint16_t *pool = (c * AT_CK + j) < n_a ? kv_a : kv_b;
-                        buf[u] = __ldg((const uint4 *)(pool + (size_t)id * d + cc * 8));
-                    }
+                for (int mt = 0; mt < 2; mt++) {
+                    const __nv_bfloat16 *qa = Qs + (mt * 16 + g) * dq + k0 + 2 * c4;
+                    g_mma_bf16(s[mt], g_ld32(qa), g_ld32(qa + 8 * dq), g_ld32(qa + 8), g_ld32(qa + 8 * dq + 8), b0, b1);
                 }
             }
 #pragma unroll
-            for (int u = 0; u < 8; u++) {
-                int i = base + u * AT_THREADS;
-                if (i < AT_CK * nv) *(uint4 *)(Ks + (i / nv) * Ly.dq + (i % nv) * 8) = buf[u];
+            for (int mt = 0; mt < 2; mt++) {
+                float *sp = Ss + (mt * 16 + g) * ds + warp * 8 + 2 * c4;
+                sp[0] = s[mt][0]; sp[1] = s[mt][1];
+                sp[8 * ds] = s[mt][2]; sp[8 * ds + 1] = s[mt][3];
             }
-        }
-        __syncthreads();
-        // S = Q . K^T : 2 x 4 tiles of 16x16, one per warp
-        {
-            int rt = warp >> 2, ct = warp & 3;
-            wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc;
-            wmma::fill_fragment(acc, 0.0f);
-            for (int k = 0; k < d; k += 16) {
-                wmma::fragment<wmma::matrix_a, 16, 16, 16, __nv_bfloat16, wmma::row_major> fa;
-                wmma::fragment<wmma::matrix_b, 16, 16, 16, __nv_bfloat16, wmma::col_major> fb;
-                wmma::load_matrix_sync(fa, Qs + rt * 16 * Ly.dq + k, Ly.dq);
-                wmma::load_matrix_sync(fb, Ks + ct * 16 * Ly.dq + k, Ly.dq);
-                wmma::mma_sync(acc, fa, fb, acc);
-            }
-            wmma::store_matrix_sync(Ss + rt * 16 * Ly.ds + ct * 16, acc, Ly.ds, wmma::mem_row_major);
         }
         __syncthreads();
         // online softmax over the chunk: warp w owns rows 4w..4w+3, lane owns columns lane, lane+32
         for (int rr = 0; rr < AT_MT / 8; rr++) {
             int r = warp * (AT_MT / 8) + rr;
             bool v0 = Vs[lane] >= 0, v1 = Vs[lane + 32] >= 0;
-            float s0 = v0 ? Ss[r * Ly.ds + lane] * scale : -INFINITY;
-            float s1 = v1 ? Ss[r * Ly.ds + lane + 32] * scale : -INFINITY;
+            float s0 = v0 ? Ss[r * ds + lane] * scale : -INFINITY;
+            float s1 = v1 ? Ss[r * ds + lane + 32] * scale : -INFINITY;
             float cmax = g_warp_max(fmaxf(s0, s1));
             float mold = Ms[r];
             float mnew = fmaxf(mold, cmax);
             float p0 = v0 ? expf(s0 - mnew) : 0.0f, p1 = v1 ? expf(s1 - mnew) : 0.0f;
             float psum = g_warp_sum(p0 + p1);
-            Ps[r * Ly.dp + lane] = __float2bfloat16_rn(p0);
-            Ps[r * Ly.dp + lane + 32] = __float2bfloat16_rn(p1);
+            Ps[r * dp + lane] = __float2bfloat16_rn(p0);
+            Ps[r * dp + lane + 32] = __float2bfloat16_rn(p1);
+            __syncwarp();   // every lane has read Ms[r] / Ls[r]
             if (lane == 0) {
                 float corr = expf(mold - mnew);
                 Cs[r] = corr;
@@ -138,49 +175,63 @@ g_sparse_attn_kernel(const uint16_t *__restrict__ q, const uint16_t *__restrict_
             }
         }
         __syncthreads();
-        // O = O*corr + P.V : 2 x d/16 tiles, accumulators round-trip through shared memory
-        for (int tIdx = warp; tIdx < 2 * (d / 16); tIdx += AT_THREADS / 32) {
-            int rt = tIdx & 1, ct = tIdx >> 1;
-            float *op = Os + rt * 16 * Ly.dO + ct * 16;
-            // rescale this tile's rows (16 rows x 16 cols, 8 elements per lane)
+        // O = O*corr + P.V for this warp's columns
 #pragma unroll
-            for (int u = 0; u < 8; u++) {
-                int e = lane * 8 + u, rr = e >> 4, cc = e & 15;
-                op[rr * Ly.dO + cc] *= Cs[rt * 16 + rr];
+        for (int mt = 0; mt < 2; mt++) {
+            float clo = Cs[mt * 16 + g], chi = Cs[mt * 16 + g + 8];
+#pragma unroll
+            for (int nt = 0; nt < NT; nt++) {
+                acc[mt][nt][0] *= clo; acc[mt][nt][1] *= clo;
+                acc[mt][nt][2] *= chi; acc[mt][nt][3] *= chi;
             }
-            __syncwarp();
-            wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc;
-            wmma::load_matrix_sync(acc, op, Ly.dO, wmma::mem_row_major);
+        }
 #pragma unroll
-            for (int k = 0; k < AT_CK; k += 16) {
-                wmma::fragment<wmma::matrix_a, 16, 16, 16, __nv_bfloat16, wmma::row_major> fa;
-                wmma::fragment<wmma::matrix_b, 16, 16, 16, __nv_bfloat16, wmma::row_major> fb;
-                wmma::load_matrix_sync(fa, Ps + rt * 16 * Ly.dp + k, Ly.dp);
-                wmma::load_matrix_sync(fb, Ks + k * Ly.dq + ct * 16, Ly.dq);
-                wmma::mma_sync(acc, fa, fb, acc);
+        for (int k0 = 0; k0 < AT_CK; k0 += 16) {
+            uint32_t a[2][4];
+#pragma unroll
+            for (int mt = 0; mt < 2; mt++) {
+                const __nv_bfloat16 *pa = Ps + (mt * 16 + g) * dp + k0 + 2 * c4;
+                a[mt][0] = g_ld32(pa); a[mt][1] = g_ld32(pa + 8 * dp);
+                a[mt][2] = g_ld32(pa + 8); a[mt][3] = g_ld32(pa + 8 * dp + 8);
             }
-            wmma::store_matrix_sync(op, acc, Ly.dO, wmma::mem_row_major);
-        }
-    }
-    __syncthreads();
-    if (NS == 1) {
-        for (int i = tid; i < AT_MT * nv; i += AT_THREADS) {
-            int r = i / nv, cc = i % nv;
-            if (h0 + r >= H) continue;
-            float m = Ms[r], l = Ls[r];
-            if (sink) l += expf(sink[h0 + r] - m);
-            float inv = l > 0.0f ? 1.0f / l : 0.0f;
-            uint4 out;
-            uint16_t *oe = (uint16_t *)&out;
+            const uint16_t *vk = (const uint16_t *)Ks + (k0 + 2 * c4) * dq + warp * 8 * NT + g;
 #pragma unroll
-            for (int u = 0; u < 8; u++) oe[u] = g_f2bf(Os[r * Ly.dO + cc * 8 + u] * inv);
-            *(uint4 *)(o + ((size_t)t * H + h0 + r) * d + cc * 8) = out;
+            for (int nt = 0; nt < NT; nt++) {
+                const uint16_t *vp = vk + nt * 8;
+                uint32_t b0 = (uint32_t)vp[0] | ((uint32_t)vp[dq] << 16);
+                uint32_t b1 = (uint32_t)vp[8 * dq] | ((uint32_t)vp[9 * dq] << 16);
+                g_mma_bf16(acc[0][nt], a[0][0], a[0][1], a[0][2], a[0][3], b0, b1);
+                g_mma_bf16(acc[1][nt], a[1][0], a[1][1], a[1][2], a[1][3], b0, b1);
+            }
         }
-    } else {
-        float *pp = part + (((size_t)t * gridDim.y + tile) * NS + split) * AT_MT * (d + 2);
-        for (int i = tid; i < AT_MT * d; i += AT_THREADS) pp[(i / d) * (d + 2) + i % d] = Os[(i / d) * Ly.dO + i % d];
-        if (tid < AT_MT) { pp[tid * (d + 2) + d] = Ms[tid]; pp[tid * (d + 2) + d + 1] = Ls[tid]; }
+        __syncthreads();   // all warps are done with buffer b before it is refilled
     }
+    // epilogue: this thread holds rows (mt*16 + g [+8]) x columns (warp*8*NT + nt*8 + 2*c4 [+1])
+#pragma unroll
+    for (int mt = 0; mt < 2; mt++)
+#pragma unroll
+        for (int hf = 0; hf < 2; hf++) {
+            int r = mt * 16 + g + 8 * hf;
+            if (NS == 1) {
+                if (h0 + r >= H) continue;
+                float l = Ls[r];
+                if (sink) l += expf(sink[h0 + r] - Ms[r]);
+                float inv = l > 0.0f ? 1.0f / l : 0.0f;
+                uint16_t *orow = o + ((size_t)t * H + h0 + r) * d + warp * 8 * NT + 2 * c4;
+#pragma unroll
+                for (int nt = 0; nt < NT; nt++)
+                    *(uint32_t *)(orow + nt * 8) = (uint32_t)g_f2bf(acc[mt][nt][2 * hf] * inv) |
+                                                   ((uint32_t)g_f2bf(acc[mt][nt][2 * hf + 1] * inv) << 16);
+            } else {
+                float *pp = part + ((((size_t)t * gridDim.y + tile) * NS + split) * AT_MT + r) * (d + 2);
+#pragma unroll
+                for (int nt = 0; nt < NT; nt++) {
+                    pp[warp * 8 * NT + nt * 8 + 2 * c4] = acc[mt][nt][2 * hf];
+                    pp[warp * 8 * NT + nt * 8 + 2 * c4 + 1] = acc[mt][nt][2 * hf + 1];
+                }
+                if (warp == 0 && c4 == 0) { pp[d] = Ms[r]; pp[d + 1] = Ls[r]; }
+            }
+        }
 }
 
 // Merge per-split partials: M = max m_s, l = sum l_s e^{m_s-M} (+ sink), o = sum O_s e^{m_s-M} / l.
@@ -204,28 +255,46 @@ __global__ void g_attn_merge_kernel(const float *__restrict__ part, const float 
     }
 }
 
+template <int NT>
+static int attn_launch(dim3 grid, size_t sm, cudaStream_t st, const uint16_t *q, const uint16_t *kv_a,
+                       const uint16_t *kv_b, const int32_t *idx, int L, int n_a, const float *sink, float scale, int H,
+                       int cps, uint16_t *o, float *part)
+{
+    G_CHECK(cudaFuncSetAttribute(g_sparse_attn_kernel<NT>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sm));
+    G_CHECK(cudaFuncSetAttribute(g_sparse_attn_kernel<NT>, cudaFuncAttributePreferredSharedMemoryCarveout, 100));
+    g_sparse_attn_kernel<NT><<<grid, AT_THREADS, sm, st>>>(q, kv_a, kv_b, idx, L, n_a, sink, scale, H, cps, o, part);
+    G_LAUNCHED();
+    return 0;
+}
+
 extern "C" int v41g_sparse_attn(const uint16_t *q, const uint16_t *kv_a, const uint16_t *kv_b,
                                 const int32_t *idx, int L, int n_a, const float *sink, float scale,
                                 int T, int H, int d, uint16_t *o, v41g_stream s)
 {
     if (T <= 0) return 0;
-    if (d % 16 || d > 512 || L <= 0) return (int)cudaErrorInvalidValue;
+    if (L <= 0 || (d != 64 && d != 128 && d != 256 && d != 512)) return (int)cudaErrorInvalidValue;
     cudaStream_t st = G_STREAM(s);
-    at_smem Ly = at_layout(d);
     static_assert(AT_MT == 32, "softmax row split assumes 32 rows / 8 warps");
-    G_CHECK(cudaFuncSetAttribute(g_sparse_attn_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)Ly.total));
     int tiles = (H + AT_MT - 1) / AT_MT;
     int nchunks = (L + AT_CK - 1) / AT_CK;
-    // split the list only when the grid would leave most of the 132 SMs idle
+    // split the list only when the grid would leave most of the 132 SMs (2 blocks each) idle
     int NS = 1;
     while ((size_t)T * tiles * NS < 132 && NS * 2 <= nchunks) NS *= 2;
+    while ((nchunks + NS - 1) / NS > AT_MAX_CPS) NS++;
     int cps = (nchunks + NS - 1) / NS;
     NS = (nchunks + cps - 1) / cps;
+    at_smem Ly = at_layout(d, cps);
     float *part = NULL;
-    if (NS > 1) G_CHECK(cudaMallocAsync((void **)&part, sizeof(float) * (size_t)T * tiles * NS * AT_MT * (d + 2), st));
-    g_sparse_attn_kernel<<<dim3(T, tiles, NS), AT_THREADS, Ly.total, st>>>(q, kv_a, kv_b, idx, L, n_a, sink, scale,
-                                                                           H, d, cps, o, part);
-    G_LAUNCHED();
+    if (NS > 1) G_CHECK(g_tmp_alloc((void **)&part, sizeof(float) * (size_t)T * tiles * NS * AT_MT * (d + 2), st));
+    dim3 grid(T, tiles, NS);
+    int rc;
+    switch (d) {
+    case 64: rc = attn_launch<1>(grid, Ly.total, st, q, kv_a, kv_b, idx, L, n_a, sink, scale, H, cps, o, part); break;
+    case 128: rc = attn_launch<2>(grid, Ly.total, st, q, kv_a, kv_b, idx, L, n_a, sink, scale, H, cps, o, part); break;
+    case 256: rc = attn_launch<4>(grid, Ly.total, st, q, kv_a, kv_b, idx, L, n_a, sink, scale, H, cps, o, part); break;
+    default: rc = attn_launch<8>(grid, Ly.total, st, q, kv_a, kv_b, idx, L, n_a, sink, scale, H, cps, o, part); break;
+    }
+    if (rc) return rc;
     if (NS > 1) {
         g_attn_merge_kernel<<<dim3(T, H), 128, 0, st>>>(part, sink, H, d, tiles, NS, o);
         G_LAUNCHED();

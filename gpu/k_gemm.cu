@@ -24,6 +24,15 @@ extern "C" void v41g_gemm_release(void)
 extern "C" int v41g_gemm_bf16(const uint16_t *x, const uint16_t *w, void *y, int M, int N, int K, int out_f32,
                               int batch, long long sx, long long sw, long long sy, v41g_stream s)
 {
+    return v41g_gemm_bf16_ld(x, K, w, y, N, M, N, K, out_f32, batch, sx, sw, sy, s);
+}
+
+// Leading dimensions given: x rows ldx apart, y rows ldy apart (the grouped
+// output projection reads o[T, G, Hd/G] group by group: ldx = H*d, sx = H*d/G).
+extern "C" int v41g_gemm_bf16_ld(const uint16_t *x, int ldx, const uint16_t *w, void *y, int ldy, int M, int N,
+                                 int K, int out_f32, int batch, long long sx, long long sw, long long sy,
+                                 v41g_stream s)
+{
     if (M <= 0 || N <= 0) return 0;
     cublasHandle_t h = v41g_blas_handle();
     if (!h) return (int)cudaErrorNotReady;
@@ -32,11 +41,11 @@ extern "C" int v41g_gemm_bf16(const uint16_t *x, const uint16_t *w, void *y, int
     cudaDataType_t ct = out_f32 ? CUDA_R_32F : CUDA_R_16BF;
     cublasStatus_t st;
     if (batch <= 1)
-        st = cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, N, M, K, &alpha, w, CUDA_R_16BF, K, x, CUDA_R_16BF, K,
-                          &beta, y, ct, N, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+        st = cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, N, M, K, &alpha, w, CUDA_R_16BF, K, x, CUDA_R_16BF, ldx,
+                          &beta, y, ct, ldy, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
     else
         st = cublasGemmStridedBatchedEx(h, CUBLAS_OP_T, CUBLAS_OP_N, N, M, K, &alpha, w, CUDA_R_16BF, K, sw,
-                                        x, CUDA_R_16BF, K, sx, &beta, y, ct, N, sy, batch,
+                                        x, CUDA_R_16BF, ldx, sx, &beta, y, ct, ldy, sy, batch,
                                         CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
     if (st != CUBLAS_STATUS_SUCCESS) {
         fprintf(stderr, "v41 gpu: cublas gemm M=%d N=%d K=%d batch=%d: status %d\n", M, N, K, batch, (int)st);

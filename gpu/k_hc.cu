@@ -1,11 +1,14 @@
 // k_hc.cu: mHC (SPEC §3): mixes + Sinkhorn per token, hc_pre, hc_post.
 //
-// Mixes are (2+h)h dot products of length hD per token (a skinny fp32 GEMM,
-// fn is genuine fp32 so no tensor cores): kernel 1 gives each warp 4 tokens
-// and a k-range (split-K across blockIdx.y when T is small, so decode fills
-// the chip), fn is read through L1 so the 8 warps of a block share it; kernel
-// 2 sums the partials per token and runs the Sinkhorn normalisation (fp32,
-// every division adds hc_eps).
+// Mixes are (2+h)h dot products of length hD per token. fn is genuine fp32;
+// it is split once into two bf16 matrices hi = bf16(fn), lo = bf16(fn - hi)
+// (|fn - hi - lo| <= 2^-16 |fn|), so the dots run as ONE tensor-core GEMM
+// X . [hi; lo]^T with fp32 accumulation (X is bf16, products are exact in
+// fp32): the result matches fp32 dots to ~1e-5 relative, the size of fp32
+// summation-order error over 20480 terms. A second kernel, one warp per token,
+// adds the hi and lo parts, computes the RMS statistic and runs the Sinkhorn
+// normalisation (fp32, every division adds hc_eps). g_hc_dots_kernel (CUDA
+// cores, split-K) is the fallback for other hc_mult values.
 #include "g_internal.cuh"
 
 #define HC_TOK 4   /* tokens per warp */
@@ -63,32 +66,11 @@ __global__ void g_hc_dots_kernel(const uint16_t *__restrict__ X, const float *__
 __device__ __forceinline__ float g_sigmoid(float x) { return 1.0f / (1.0f + expf(-x)); }
 
 template <int H>
-__global__ void g_hc_sinkhorn_kernel(const float *__restrict__ part, int KS, int T, int D,
-                                     const float *__restrict__ base, const float *__restrict__ sc,
-                                     float norm_eps, float hc_eps, int iters,
-                                     float *pre, float *post, float *comb)
+__device__ __forceinline__ void g_sinkhorn(const float *m, const float *sc, const float *base, float hc_eps,
+                                           int iters, float (&C)[H][H])
 {
     constexpr int NM = (2 + H) * H;
-    int t = blockIdx.x * blockDim.x + threadIdx.x;
-    if (t >= T) return;
-    float m[NM], sq = 0.0f;
-#pragma unroll
-    for (int i = 0; i < NM; i++) m[i] = 0.0f;
-    for (int ks = 0; ks < KS; ks++) {
-        const float *p = part + ((size_t)ks * T + t) * (NM + 1);
-#pragma unroll
-        for (int i = 0; i < NM; i++) m[i] += p[i];
-        sq += p[NM];
-    }
-    float r = 1.0f / sqrtf(sq / (float)(H * D) + norm_eps);
-#pragma unroll
-    for (int i = 0; i < NM; i++) m[i] *= r;
-#pragma unroll
-    for (int i = 0; i < H; i++) {
-        pre[(size_t)t * H + i] = g_sigmoid(m[i] * sc[0] + base[i]) + hc_eps;
-        post[(size_t)t * H + i] = 2.0f * g_sigmoid(m[H + i] * sc[1] + base[H + i]);
-    }
-    float C[H][H];
+    (void)NM;
 #pragma unroll
     for (int i = 0; i < H; i++) {
         float mx = -INFINITY;
@@ -121,10 +103,119 @@ __global__ void g_hc_sinkhorn_kernel(const float *__restrict__ part, int KS, int
             for (int i = 0; i < H; i++) C[i][j] /= s + hc_eps;
         }
     }
+}
+
+template <int H>
+__global__ void g_hc_sinkhorn_kernel(const float *__restrict__ part, int KS, int T, int D,
+                                     const float *__restrict__ base, const float *__restrict__ sc,
+                                     float norm_eps, float hc_eps, int iters,
+                                     float *pre, float *post, float *comb)
+{
+    constexpr int NM = (2 + H) * H;
+    int t = blockIdx.x * blockDim.x + threadIdx.x;
+    if (t >= T) return;
+    float m[NM], sq = 0.0f;
+#pragma unroll
+    for (int i = 0; i < NM; i++) m[i] = 0.0f;
+    for (int ks = 0; ks < KS; ks++) {
+        const float *p = part + ((size_t)ks * T + t) * (NM + 1);
+#pragma unroll
+        for (int i = 0; i < NM; i++) m[i] += p[i];
+        sq += p[NM];
+    }
+    float r = 1.0f / sqrtf(sq / (float)(H * D) + norm_eps);
+#pragma unroll
+    for (int i = 0; i < NM; i++) m[i] *= r;
+#pragma unroll
+    for (int i = 0; i < H; i++) {
+        pre[(size_t)t * H + i] = g_sigmoid(m[i] * sc[0] + base[i]) + hc_eps;
+        post[(size_t)t * H + i] = 2.0f * g_sigmoid(m[H + i] * sc[1] + base[H + i]);
+    }
+    float C[H][H];
+    g_sinkhorn<H>(m, sc, base, hc_eps, iters, C);
 #pragma unroll
     for (int i = 0; i < H; i++)
 #pragma unroll
         for (int j = 0; j < H; j++) comb[(size_t)t * H * H + i * H + j] = C[i][j];
+}
+
+__global__ void g_hc_split_kernel(const float *__restrict__ fn, size_t n, uint16_t *__restrict__ hi,
+                                  uint16_t *__restrict__ lo)
+{
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
+        uint16_t h = g_f2bf(fn[i]);
+        hi[i] = h;
+        lo[i] = g_f2bf(fn[i] - g_bf2f(h));
+    }
+}
+
+extern "C" int v41g_hc_split_fn(const float *fn, int h, int D, uint16_t *fn2, v41g_stream s)
+{
+    size_t n = (size_t)(2 + h) * h * h * D;
+    g_hc_split_kernel<<<1024, 256, 0, G_STREAM(s)>>>(fn, n, fn2, fn2 + n);
+    G_LAUNCHED();
+    return 0;
+}
+
+// One warp per token: mixes m = (hi + lo parts) * rsqrt(mean X^2 + eps), then pre/post/comb.
+template <int H>
+__global__ void g_hc_finish_kernel(const float *__restrict__ m2 /*[T, 2NM]*/, const uint16_t *__restrict__ X, int T,
+                                   int D, const float *__restrict__ base, const float *__restrict__ sc,
+                                   float norm_eps, float hc_eps, int iters, float *pre, float *post, float *comb)
+{
+    constexpr int NM = (2 + H) * H;
+    int t = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5), lane = threadIdx.x & 31;
+    if (t >= T) return;
+    const uint16_t *x = X + (size_t)t * H * D;
+    float ss = 0.0f;
+    for (int k = lane * 8; k < H * D; k += 256) {
+        uint4 v = *(const uint4 *)(x + k);
+#pragma unroll
+        for (int j = 0; j < 8; j++) { float f = g_bf2f(((const uint16_t *)&v)[j]); ss += f * f; }
+    }
+    ss = g_warp_sum(ss);
+    if (lane) return;
+    float r = 1.0f / sqrtf(ss / (float)(H * D) + norm_eps);
+    float m[NM];
+    const float *mr = m2 + (size_t)t * 2 * NM;
+#pragma unroll
+    for (int i = 0; i < NM; i++) m[i] = (mr[i] + mr[NM + i]) * r;
+#pragma unroll
+    for (int i = 0; i < H; i++) {
+        pre[(size_t)t * H + i] = g_sigmoid(m[i] * sc[0] + base[i]) + hc_eps;
+        post[(size_t)t * H + i] = 2.0f * g_sigmoid(m[H + i] * sc[1] + base[H + i]);
+    }
+    float C[H][H];
+    g_sinkhorn<H>(m, sc, base, hc_eps, iters, C);
+#pragma unroll
+    for (int i = 0; i < H; i++)
+#pragma unroll
+        for (int j = 0; j < H; j++) comb[(size_t)t * H * H + i * H + j] = C[i][j];
+}
+
+extern "C" int v41g_hc_mixes2(const uint16_t *X, const uint16_t *fn2, const float *base, const float *scale3,
+                              int T, int h, int D, float norm_eps, float hc_eps, int iters,
+                              float *pre, float *post, float *comb, v41g_stream s)
+{
+    if (T <= 0) return 0;
+    if ((h * D) % 256) return (int)cudaErrorInvalidValue;
+    cudaStream_t st = G_STREAM(s);
+    int NM = (2 + h) * h;
+    float *m2 = NULL;
+    G_CHECK(g_tmp_alloc((void **)&m2, sizeof(float) * (size_t)T * 2 * NM, st));
+    // m2[T, 2NM] = X[T, hD] . fn2[2NM, hD]^T (bf16 x bf16, fp32 accumulate and out)
+    int rc = v41g_gemm_bf16(X, fn2, m2, T, 2 * NM, h * D, 1, 1, 0, 0, 0, s);
+    if (rc) return rc;
+    unsigned g = (unsigned)((T + 3) / 4);
+    switch (h) {
+    case 1: g_hc_finish_kernel<1><<<g, 128, 0, st>>>(m2, X, T, D, base, scale3, norm_eps, hc_eps, iters, pre, post, comb); break;
+    case 2: g_hc_finish_kernel<2><<<g, 128, 0, st>>>(m2, X, T, D, base, scale3, norm_eps, hc_eps, iters, pre, post, comb); break;
+    case 4: g_hc_finish_kernel<4><<<g, 128, 0, st>>>(m2, X, T, D, base, scale3, norm_eps, hc_eps, iters, pre, post, comb); break;
+    default: return (int)cudaErrorInvalidValue;
+    }
+    G_LAUNCHED();
+    G_CHECK(cudaFreeAsync(m2, st));
+    return 0;
 }
 
 template <int H>
@@ -141,7 +232,7 @@ static int hc_mixes_h(const uint16_t *X, const float *fn, const float *base, con
     int kchunk = ((hD + ks - 1) / ks + 255) / 256 * 256;
     ks = (hD + kchunk - 1) / kchunk;
     float *part = NULL;
-    G_CHECK(cudaMallocAsync((void **)&part, sizeof(float) * (size_t)ks * T * (NM + 1), st));
+    G_CHECK(g_tmp_alloc((void **)&part, sizeof(float) * (size_t)ks * T * (NM + 1), st));
     g_hc_dots_kernel<H><<<dim3(gx, ks), 256, 0, st>>>(X, fn, T, D, kchunk, part);
     G_LAUNCHED();
     g_hc_sinkhorn_kernel<H><<<(T + 127) / 128, 128, 0, st>>>(part, ks, T, D, base, scale3, norm_eps, hc_eps,
@@ -158,6 +249,16 @@ extern "C" int v41g_hc_mixes(const uint16_t *X, const float *fn, const float *ba
     if (T <= 0) return 0;
     if ((h * D) % 256) return (int)cudaErrorInvalidValue;   // 8-wide vectors x 32 lanes
     cudaStream_t st = G_STREAM(s);
+    if (h == 1 || h == 2 || h == 4) {   // tensor-core path (hi/lo split of fn, done here per call)
+        uint16_t *fn2 = NULL;
+        size_t n = (size_t)(2 + h) * h * h * D;
+        G_CHECK(g_tmp_alloc((void **)&fn2, 2 * n * sizeof(uint16_t), st));
+        int rc = v41g_hc_split_fn(fn, h, D, fn2, s);
+        if (!rc) rc = v41g_hc_mixes2(X, fn2, base, scale3, T, h, D, norm_eps, hc_eps, iters, pre, post, comb, s);
+        if (rc) return rc;
+        G_CHECK(cudaFreeAsync(fn2, st));
+        return 0;
+    }
     switch (h) {
     case 1: return hc_mixes_h<1>(X, fn, base, scale3, T, D, norm_eps, hc_eps, iters, pre, post, comb, st);
     case 2: return hc_mixes_h<2>(X, fn, base, scale3, T, D, norm_eps, hc_eps, iters, pre, post, comb, st);

@@ -7,9 +7,11 @@
 //
 // Top-k: one block per row, radix select on the 16-bit order-preserving key
 // of the bf16 score (two 8-bit histogram passes find the k-th largest value
-// and how many of its ties are needed), then one ordered compaction pass
-// emits the chosen positions ascending; ties go to the lower position because
-// the compaction ranks equal keys in position order. No sort of the row.
+// and how many of its ties are needed; warp-aggregated shared-memory
+// atomics), then an ordered compaction (each thread owns a contiguous run of
+// positions; two block scans give every thread its tie quota and output
+// offset) emits the chosen positions ascending; ties go to the lower position
+// because the quota is handed out in position order. No sort of the row.
 #include "g_internal.cuh"
 #include <mma.h>
 using namespace nvcuda;
@@ -100,24 +102,33 @@ __device__ __forceinline__ uint32_t g_score_key(float f)
     return (b & 0x8000u) ? (~b & 0xffffu) : (b | 0x8000u);
 }
 
-// Exclusive block prefix sum of a 0/1 flag (TK_THREADS threads); returns the total in *tot.
-__device__ __forceinline__ int g_block_scan01(int flag, int *wsum /*[32]*/, int *tot)
+// Exclusive block prefix sum of v (TK_THREADS threads); *tot = the block total.
+__device__ __forceinline__ int g_block_scan(int v, int *wsum /*[33]*/, int *tot)
 {
     int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
-    unsigned bal = __ballot_sync(0xffffffffu, flag);
-    int pre = __popc(bal & ((1u << lane) - 1u));
+    int inc = v;
+    for (int o = 1; o < 32; o <<= 1) { int n = __shfl_up_sync(0xffffffffu, inc, o); if (lane >= o) inc += n; }
     __syncthreads();
-    if (lane == 0) wsum[w] = __popc(bal);
+    if (lane == 31) wsum[w] = inc;
     __syncthreads();
     if (w == 0) {
-        int v = wsum[lane], inc = v;
-        for (int o = 1; o < 32; o <<= 1) { int n = __shfl_up_sync(0xffffffffu, inc, o); if (lane >= o) inc += n; }
-        wsum[lane] = inc - v;   // exclusive
-        if (lane == 31) wsum[32] = inc;
+        int x = lane < (TK_THREADS >> 5) ? wsum[lane] : 0, xi = x;
+        for (int o = 1; o < 32; o <<= 1) { int n = __shfl_up_sync(0xffffffffu, xi, o); if (lane >= o) xi += n; }
+        wsum[lane] = xi - x;
+        if (lane == 31) wsum[32] = xi;
     }
     __syncthreads();
     *tot = wsum[32];
-    return wsum[w] + pre;
+    return wsum[w] + inc - v;
+}
+
+// Histogram with warp aggregation: equal bins within a warp add once (bf16
+// scores crowd into few high-byte bins, so plain atomics would serialise).
+__device__ __forceinline__ void g_hist_add(int *hist, int bin /* <0: none */)
+{
+    unsigned peers = __match_any_sync(0xffffffffu, bin);
+    int leader = __ffs(peers) - 1;
+    if (bin >= 0 && (int)(threadIdx.x & 31) == leader) atomicAdd(&hist[bin], __popc(peers));
 }
 
 __global__ void __launch_bounds__(TK_THREADS)
@@ -134,7 +145,10 @@ g_topk_kernel(const float *__restrict__ I, const int32_t *__restrict__ visible, 
     // pass 1: histogram of the high byte
     for (int i = tid; i < 256; i += TK_THREADS) hist[i] = 0;
     __syncthreads();
-    for (int s = tid; s < S; s += TK_THREADS) atomicAdd(&hist[g_score_key(row[s]) >> 8], 1);
+    for (int base = 0; base < S; base += TK_THREADS) {
+        int s = base + tid;
+        g_hist_add(hist, s < S ? (int)(g_score_key(row[s]) >> 8) : -1);
+    }
     __syncthreads();
     if (tid == 0) {
         int cum = 0, b = 255;
@@ -146,9 +160,10 @@ g_topk_kernel(const float *__restrict__ I, const int32_t *__restrict__ visible, 
     for (int i = tid; i < 256; i += TK_THREADS) hist[i] = 0;
     __syncthreads();
     const uint32_t hi = (uint32_t)sel_hi;
-    for (int s = tid; s < S; s += TK_THREADS) {
-        uint32_t key = g_score_key(row[s]);
-        if ((key >> 8) == hi) atomicAdd(&hist[key & 255], 1);
+    for (int base = 0; base < S; base += TK_THREADS) {
+        int s = base + tid, bin = -1;
+        if (s < S) { uint32_t key = g_score_key(row[s]); if ((key >> 8) == hi) bin = (int)(key & 255); }
+        g_hist_add(hist, bin);
     }
     __syncthreads();
     if (tid == 0) {
@@ -165,17 +180,19 @@ g_topk_kernel(const float *__restrict__ I, const int32_t *__restrict__ visible, 
     const uint32_t thr = (hi << 8) | (uint32_t)sel_lo;
     const int need = kk - above;          // how many keys equal to thr are taken (lowest positions)
     const int vis = visible[t];
-    int eq_before = 0, sel_before = 0;
-    for (int base = 0; base < S; base += TK_THREADS) {
-        int s = base + tid;
-        uint32_t key = s < S ? g_score_key(row[s]) : 0;
-        int is_eq = s < S && key == thr, tot_eq, tot_sel;
-        int eq_rank = eq_before + g_block_scan01(is_eq, wsum, &tot_eq);
-        int sel = s < S && (key > thr || (is_eq && eq_rank < need));
-        int pos = sel_before + g_block_scan01(sel, wsum, &tot_sel);
-        if (sel) orow[pos] = s < vis ? s : -1;
-        eq_before += tot_eq;
-        sel_before += tot_sel;
+    // ordered compaction: thread owns the contiguous positions [s0, s1)
+    const int per = (S + TK_THREADS - 1) / TK_THREADS;
+    const int s0 = min(S, tid * per), s1 = min(S, s0 + per);
+    int n_gt = 0, n_eq = 0, tot;
+    for (int s = s0; s < s1; s++) { uint32_t key = g_score_key(row[s]); n_gt += key > thr; n_eq += key == thr; }
+    int eq_before = g_block_scan(n_eq, wsum, &tot);
+    int take_eq = max(0, min(n_eq, need - eq_before));
+    int pos = g_block_scan(n_gt + take_eq, wsum, &tot);
+    for (int s = s0; s < s1; s++) {
+        uint32_t key = g_score_key(row[s]);
+        bool sel = key > thr;
+        if (key == thr && take_eq > 0) { sel = true; take_eq--; }
+        if (sel) orow[pos++] = s < vis ? s : -1;
     }
     for (int j = kk + tid; j < k; j += TK_THREADS) orow[j] = -1;
 }

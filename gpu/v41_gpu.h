@@ -62,6 +62,12 @@ int v41g_fp4_qdq(const uint16_t *x, uint16_t *y, int rows, int n, int g, int sca
 int v41g_hc_mixes(const uint16_t *X, const float *fn, const float *base, const float *scale3,
                   int T, int h, int D, float norm_eps, float hc_eps, int iters,
                   float *pre, float *post, float *comb, v41g_stream s);
+/* The same with fn pre-split into bf16 hi/lo rows (fn2[2(2+h)h, hD], from
+ * v41g_hc_split_fn, done once at weight upload): one tensor-core GEMM. */
+int v41g_hc_split_fn(const float *fn, int h, int D, uint16_t *fn2, v41g_stream s);
+int v41g_hc_mixes2(const uint16_t *X, const uint16_t *fn2, const float *base, const float *scale3,
+                   int T, int h, int D, float norm_eps, float hc_eps, int iters,
+                   float *pre, float *post, float *comb, v41g_stream s);
 /* y[T,D] = bf16(sum_i p[t,i] X[t,i,:]) */
 int v41g_hc_pre(const uint16_t *X, const float *p, uint16_t *y, int T, int h, int D, v41g_stream s);
 /* Xout[t,j,:] = bf16(post[t,j]*y[t,:] + sum_i comb[t,i,j]*X[t,i,:]); Xout may equal X. */
@@ -122,11 +128,15 @@ int v41g_moe_ffn(const v41g_moe *m, const uint16_t *x, const int32_t *idx, const
                  void *ws, uint16_t *out, v41g_stream s);
 
 /* ---- dense GEMM through cuBLAS: y[M,N] = x[M,K] . w[N,K]^T, bf16 in, fp32
- * accumulate, bf16 out (out_f32 != 0: fp32 out). batch > 1: strided batches
- * (x stride M*K... given explicitly). ---- */
+ * accumulate, bf16 out (out_f32 != 0: fp32 out). batch > 1: strided batches,
+ * element strides sx, sw, sy between batches. fp8 checkpoint weights are
+ * dequantized to bf16 on upload (exact: e4m3 x e8m0 fits bf16). ---- */
 int v41g_gemm_bf16(const uint16_t *x, const uint16_t *w, void *y, int M, int N, int K,
                    int out_f32, int batch, long long sx, long long sw, long long sy,
                    v41g_stream s);
+/* The same with row strides: x rows ldx elements apart, y rows ldy apart. */
+int v41g_gemm_bf16_ld(const uint16_t *x, int ldx, const uint16_t *w, void *y, int ldy, int M, int N, int K,
+                      int out_f32, int batch, long long sx, long long sw, long long sy, v41g_stream s);
 /* The cuBLAS handle is per thread and created on first use. */
 void v41g_gemm_release(void);
 

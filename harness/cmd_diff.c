@@ -8,13 +8,13 @@
 static void diff_usage(FILE *f)
 {
     fprintf(f,
-        "usage: v41 diff A.h5 B.h5 [--atol X] [--rtol Y] [--only PATTERN] [--json] [--quiet] [--verbose]\n"
+        "usage: v41 diff A.h5 B.h5 [--atol X] [--rtol Y] [--only PATTERN] [--json] [--quiet] [--verbose]\n                [--ignore-missing]\n"
         "\n"
         "Compare two v41 dumps tap by tap in execution order (step, then producing op).\n"
         "A is the reference: the pass rule per element is |a-b| <= atol + rtol*|a|.\n"
         "Without --atol/--rtol each tap gets defaults from its kind and the dumps' precision\n"
-        "(bf16 level: rtol = 2^-6, atol = 2^-6*rms(a); fp32 level when both dumps are fp32:\n"
-        "rtol = 2^-13, atol = 2^-13*rms(a)). Discrete taps (top-k lists, expert choices,\n"
+        "(bf16 level: rtol = 2^-6, atol = 2^-6*max|a|; fp32 level when both dumps are fp32:\n"
+        "rtol = 2^-13, atol = 2^-13*max|a|). Discrete taps (top-k lists, expert choices,\n"
         "tokens, masks) are compared as sets per row and reported as decision flips.\n"
         "\n"
         "  --atol X        absolute tolerance for every continuous tap\n"
@@ -23,6 +23,8 @@ static void diff_usage(FILE *f)
         "  --json          machine-readable report on stdout\n"
         "  --quiet         print nothing; the exit status says it\n"
         "  --verbose       list passing taps too\n"
+        "  --ignore-missing  taps present in only one dump do not count as differences\n"
+        "                  (partial dumps: a golden conversion, a user engine's subset)\n"
         "\n"
         "Exit status: 0 same within tolerance, 1 different (incl. shape mismatch, missing\n"
         "taps), 2 error (missing file, not a v41 dump, schema version mismatch).\n");
@@ -56,6 +58,7 @@ int v41_cmd_diff(int argc, char **argv)
             o.rtol_set = true;
         } else if (!strcmp(a, "--only")) o.only = argv[++i];
         else if (!strcmp(a, "--json")) json = true;
+        else if (!strcmp(a, "--ignore-missing")) o.ignore_missing = true;
         else if (!strcmp(a, "--quiet") || !strcmp(a, "-q")) quiet = true;
         else if (!strcmp(a, "--verbose") || !strcmp(a, "-v")) verbose = true;
         else if (a[0] == '-' && a[1]) { fprintf(stderr, "v41 diff: unknown option '%s' (see v41 diff --help)\n", a); return 2; }

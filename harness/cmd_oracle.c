@@ -11,10 +11,13 @@
  *    the tied candidates; the engine then adopts the golden choice (teacher forcing of
  *    that decision only) so that later tensors stay comparable.
  *  - continuous tensors: max |a - b| <= tol with tol = K * 2^-8 * max|golden| (K bf16
- *    half-ulps at the tensor's own scale): K = 2 for tensors one rounding from exact
- *    agreement, scaled up with the number of bf16/fp8/fp4 roundings an ulp flip can
- *    travel through (see tol_k()). Non-finite values must sit at the same places with
- *    the same values (masks: -inf, pinned blocks: +inf).
+ *    half-ulps at the tensor's own scale, see tol_k()). Non-finite values must sit at
+ *    the same places with the same values (masks: -inf, pinned blocks: +inf).
+ *  - by default every layer (and DSpark stage) starts from the golden stream and pre-mix
+ *    entering it (teacher forcing, like `v41 bisect`): DeepSeek's code sums fp32 GEMMs in
+ *    an order no BLAS call reproduces, and bf16/fp8/fp4 rounding amplifies a 1-ulp fp32
+ *    difference into decision flips a few layers later, so a free run is not comparable
+ *    tensor by tensor. --free runs without it (informational).
  * Exit 0 only when every comparison passes; 1 when something differs; 2 on errors. */
 #include "config.h"
 #include "v41_cli.h"
@@ -159,23 +162,10 @@ static bool h5_attr_str(hid_t f, const char *obj, const char *name, char *out, s
     return ok;
 }
 
-static bool h5_attr_int(hid_t f, const char *obj, const char *name, long long *v)
-{
-    if (!h5_exists(f, obj) && strcmp(obj, "/")) return false;
-    if (H5Aexists_by_name(f, obj, name, H5P_DEFAULT) <= 0) return false;
-    hid_t a = H5Aopen_by_name(f, obj, name, H5P_DEFAULT, H5P_DEFAULT);
-    if (a < 0) return false;
-    long long x = 0;
-    bool ok = H5Aread(a, H5T_NATIVE_LLONG, &x) >= 0;
-    H5Aclose(a);
-    if (ok) *v = x;
-    return ok;
-}
-
 /* ------------------------------------------------------------------ comparison */
 
 typedef struct result {
-    char tensor[160];     /* "step02/layer04/attn_q" */
+    char tensor[256];     /* "step02/layer04/attn_q" */
     char tap[128];
     int step, layer;
     bool discrete;
@@ -213,18 +203,24 @@ static result *add_res(ctx *C)
     return r;
 }
 
-/* K of the tolerance rule: bf16 half-ulps at the tensor's scale. Tensors reached
- * through more quantization steps (fp8 activations, fp4 caches, bf16 probabilities,
- * routed sums) get a larger K; each factor is one extra rounding an upstream ulp flip
- * can be amplified by (documented in docs/engine.md). */
+/* K of the tolerance rule, in bf16 half-ulps (2^-8) of max|golden| of the tensor.
+ * Default 2 (= one bf16 ulp at the tensor's largest magnitude): the engine and the
+ * official code differ only in fp32 summation order, so a bf16 output can flip by one
+ * ulp where the fp32 value sits at a rounding tie, and elements near max|golden| are
+ * the ones whose ulp is that large. Tensors one quantization step further away get 4:
+ * fp4 caches (the fp4 quantizer sees the bf16 value and turns its one-ulp flip into at
+ * most one flipped e2m1 code of a small element; the check bounds it relative to the
+ * cache's largest entry), compressor state/latents (fp32 softmax pooling over the
+ * ratio tokens, then RMSNorm) and index/candidate scores (a bf16 product and a bf16
+ * sum of per-head terms: two roundings).
+ * Exact lookups (embedding rows, engram hash ids) get 0. */
 static double tol_k(const char *tap)
 {
-    if (strstr(tap, "hash_ids") || strstr(tap, "embed")) return 0;     /* exact lookups */
+    if (strstr(tap, "hash_ids") || !strcmp(tap, "embed") || !strcmp(tap, "dspark.embed")) return 0;
     if (strstr(tap, "cache.comp_") || strstr(tap, "compressor.latent")) return 4;
-    if (strstr(tap, "cache.compressed") || strstr(tap, "cache.index_k")) return 8; /* fp4 codes: one flip = a code step */
+    if (strstr(tap, "cache.compressed") || strstr(tap, "cache.index_k")) return 4;
     if (strstr(tap, "indexer.scores") || strstr(tap, "candidate.scores")) return 4;
-    if (strstr(tap, "logits") || strstr(tap, "markov") || strstr(tap, "confidence")) return 4;
-    return 4;
+    return 2;
 }
 
 static void compare(ctx *C, const char *gpath, const char *tapname, const stap *t, const float *g, int64_t n,
@@ -761,7 +757,7 @@ int v41_cmd_oracle_check(int argc, char **argv)
                 if (C.res[j].tol > mt) mt = C.res[j].tol;
                 if (!C.res[j].pass) ok = 0;
             }
-            char nm[64];
+            char nm[300];
             snprintf(nm, sizeof nm, "%s%s", si ? "spec/" : "", leaf);
             printf("%-28s %6d %-10.3g %-10.6f %-10.3g %s\n", nm, cnt, mx, mc, mt, ok ? "ok" : "FAIL");
         }

@@ -61,24 +61,62 @@ static int near_tie(v41_dump_reader *ra, const v41_diff_tensor *t, const v41_dif
     v41_err err = {0};
     if (!row || v41_dump_read(ra, e, fl->row * cols, cols, row, &err)) { free(row); return 0; }
     double lo_missing = INFINITY, hi_extra = -INFINITY, mag = 0;
+    bool finite = true;   /* a masked (-inf) entry picked by one side is no tie */
     for (int i = 0; i < fl->n_missing && i < V41_DIFF_FLIP_ITEMS; i++) {
         int32_t c = fl->missing[i];
         if (c < 0 || c >= cols) { free(row); return 0; }
+        finite = finite && isfinite(row[c]);
         if (row[c] < lo_missing) lo_missing = row[c];
-        if (fabs(row[c]) > mag) mag = fabs(row[c]);
+        if (isfinite(row[c]) && fabs(row[c]) > mag) mag = fabs(row[c]);
     }
     for (int i = 0; i < fl->n_extra && i < V41_DIFF_FLIP_ITEMS; i++) {
         int32_t c = fl->extra[i];
         if (c < 0 || c >= cols) { free(row); return 0; }
+        finite = finite && isfinite(row[c]);
         if (row[c] > hi_extra) hi_extra = row[c];
-        if (fabs(row[c]) > mag) mag = fabs(row[c]);
+        if (isfinite(row[c]) && fabs(row[c]) > mag) mag = fabs(row[c]);
     }
     free(row);
+    if (!finite) return 0;
     double at, rt;
-    v41_diff_default_tol(e->kind, "bf16", e->has_stats ? e->rms : mag, &at, &rt);
+    v41_diff_default_tol(e->kind, "bf16", e->has_stats ? e->absmax : mag, &at, &rt);
     *margin = lo_missing - hi_extra;
     *tol = at + rt * mag;
     return isfinite(*margin) && *margin <= *tol;
+}
+
+/* DSpark draft tokens [R, B+1]: token i+1 = argmax of dspark.logits row r*B+i,
+ * and every later draft token depends on the earlier ones (Markov bias): look
+ * at the first differing position of the row only. */
+static int dspark_tie(v41_dump_reader *ra, v41_dump_reader *rb, const v41_diff_tensor *t, int64_t r, double *margin,
+                      double *tol)
+{
+    *margin = INFINITY;
+    *tol = 0;
+    const v41_dump_entry *ea = v41_dump_find(ra, t->step, t->name), *eb = rb ? v41_dump_find(rb, t->step, t->name) : NULL;
+    const v41_dump_entry *el = v41_dump_find(ra, t->step, "dspark.logits");
+    if (!ea || !eb || !el || ea->ndim != 2 || el->ndim != 2 || ea->numel != eb->numel) return 0;
+    int64_t W = ea->shape[1], V = el->shape[1], B = W - 1;
+    int32_t *xa = malloc(sizeof(int32_t) * (size_t)W), *xb = malloc(sizeof(int32_t) * (size_t)W);
+    float *lg = malloc(sizeof(float) * (size_t)V);
+    v41_err err = {0};
+    int ok = 0;
+    if (xa && xb && lg && !v41_dump_read(ra, ea, r * W, W, xa, &err) && !v41_dump_read(rb, eb, r * W, W, xb, &err)) {
+        int64_t i = 1;
+        while (i < W && xa[i] == xb[i]) i++;
+        if (i < W && xa[i] >= 0 && xa[i] < V && xb[i] >= 0 && xb[i] < V && (r * B + i - 1 + 1) * V <= el->numel &&
+            !v41_dump_read(ra, el, (r * B + i - 1) * V, V, lg, &err)) {
+            double mag = fmax(fabs(lg[xa[i]]), fabs(lg[xb[i]])), at, rt;
+            v41_diff_default_tol(el->kind, "bf16", el->has_stats ? el->absmax : mag, &at, &rt);
+            *margin = (double)lg[xa[i]] - lg[xb[i]];
+            *tol = at + rt * mag;
+            ok = isfinite(*margin) && *margin <= *tol;
+        }
+    }
+    free(xa);
+    free(xb);
+    free(lg);
+    return ok;
 }
 
 static bool is_flag(const char *name)
@@ -96,8 +134,8 @@ static bool flipped_in(const v41_diff_report *r, int step, const char *name)
 }
 
 /* Explain every flipped tap (first flipped row) of a report. */
-static int explain(v41_dump_reader *ra, const v41_diff_report *r, const v41_diff_report *local, bool is_local,
-                   flip_note **notes, size_t *n, size_t *cap)
+static int explain(v41_dump_reader *ra, v41_dump_reader *rb, const v41_diff_report *r, const v41_diff_report *local,
+                   bool is_local, flip_note **notes, size_t *n, size_t *cap)
 {
     bool earlier_explained_decision = false;   /* a decision upstream already flipped (explained) */
     for (size_t i = 0; i < r->n; i++) {
@@ -120,7 +158,9 @@ static int explain(v41_dump_reader *ra, const v41_diff_report *r, const v41_diff
         double worst_margin = -INFINITY, worst_tol = 0;
         for (int k = 0; k < t->n_flips; k++) {
             double mg, tl;
-            if (!near_tie(ra, t, &t->flips[k], &mg, &tl)) { all_tie = false; worst_margin = mg; worst_tol = tl; break; }
+            int tie = !strcmp(t->name, "dspark.tokens") ? dspark_tie(ra, rb, t, t->flips[k].row, &mg, &tl)
+                                                         : near_tie(ra, t, &t->flips[k], &mg, &tl);
+            if (!tie) { all_tie = false; worst_margin = mg; worst_tol = tl; break; }
             if (mg > worst_margin) { worst_margin = mg; worst_tol = tl; }
         }
         fn->margin = worst_margin;
@@ -196,7 +236,7 @@ int v41_cmd_parity(int argc, char **argv)
     if (v41_model_load(c.model, &m, &err)) { fprintf(stderr, "v41 parity: %s\n", err.msg); return 2; }
     if (c.dspark && !(m->cfg.dspark_block_size > 0 && m->cfg.n_mtp_layers > 0)) c.dspark = false;
     /* default sides */
-    char gpu_note[256] = "";
+    char gpu_note[1200] = "";
     if (!have_a || !have_b) {
         v41_run_opts probe;
         v41_run_opts_default(&probe);
@@ -242,11 +282,17 @@ int v41_cmd_parity(int argc, char **argv)
     bool prec_gap = cfg.a.prec != cfg.b.prec;
     flip_note *notes = NULL;
     size_t nn = 0, ncap = 0;
-    v41_dump_reader *ra = NULL;
+    v41_dump_reader *ra = NULL, *rb = NULL, *rbf = NULL;
     if (v41_dump_open(res.a_path, &ra, &err) == 0) {
-        if (res.local) explain(ra, res.local, NULL, true, &notes, &nn, &ncap);
-        explain(ra, res.prop, res.local, false, &notes, &nn, &ncap);
+        v41_dump_open(res.b_path, &rb, &err);
+        if (res.local) {
+            v41_dump_open(res.bf_path, &rbf, &err);
+            explain(ra, rbf, res.local, NULL, true, &notes, &nn, &ncap);
+        }
+        explain(ra, rb, res.prop, res.local, false, &notes, &nn, &ncap);
         v41_dump_reader_close(ra);
+        v41_dump_reader_close(rb);
+        v41_dump_reader_close(rbf);
     }
     size_t unexplained = 0;
     for (size_t i = 0; i < nn; i++) unexplained += notes[i].why == FLIP_UNEXPLAINED;

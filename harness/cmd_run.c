@@ -118,14 +118,19 @@ static void run_usage(FILE *f)
 {
     fprintf(f, "usage: v41 run [MODEL] --engine ref|gpu [--precision emulate|fp32] [--compat fixed|official]\n"
                "              [--prompt-ids FILE | --random-prompts N:LEN] [--seed S] [--steps K] [--dspark]\n"
-               "              --dump OUT.h5 [--taps PATTERN] [--inject NAME[@L]] [--threads N]\n\n"
+               "              --dump OUT.h5 [--taps PATTERN] [--inject NAME[@L]] [--threads N]\n"
+               "              [--force-from DUMP [--force-taps PATTERN]]\n\n"
                "Prefill every prompt in one ragged forward, then K greedy decode steps; every tap\n"
                "(or those matching --taps) is streamed into OUT.h5 (schema v41-dump v1, docs/harness.md).\n"
                "OUT.h5 appears only when the run succeeded.\n\n%s"
                "  --engine ref|gpu      engine (default ref)\n"
                "  --precision P         emulate (bf16/fp8/fp4 rounding points, default) or fp32\n"
                "  --inject NAME[@L]     fault injection in the engine (also env V41_INJECT)\n"
-               "  --dump OUT.h5         output file (required)\n",
+               "  --dump OUT.h5         output file (required)\n"
+               "  --force-from DUMP     teacher forcing: take the forcing points (layer inputs, mid\n"
+               "                        stream, attention pre, shared top-k/candidate state) from DUMP\n"
+               "  --force-taps PATTERN  only these forcing points (e.g. 'layer.*.indexer.topk' to adopt\n"
+               "                        another engine's tie choices)\n",
             v41_cli_common_help());
 }
 
@@ -135,7 +140,7 @@ int v41_cmd_run(int argc, char **argv)
     v41_cli_common_init(&c);
     v41_run_opts o;
     v41_run_opts_default(&o);
-    const char *dump = NULL;
+    const char *dump = NULL, *force_from = NULL, *force_taps = NULL;
     v41_err err = {0};
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
@@ -158,6 +163,9 @@ int v41_cmd_run(int argc, char **argv)
             else { fprintf(stderr, "v41 run: --precision wants emulate or fp32, got '%s'\n", argv[i]); return 2; }
         } else if (!strcmp(a, "--dump")) {
             dump = argv[++i];
+        } else if (!strcmp(a, "--force-from") || !strcmp(a, "--force-taps")) {
+            if (i + 1 >= argc) { fprintf(stderr, "v41 run: %s needs a value\n", a); return 2; }
+            if (a[8] == 'f') force_from = argv[++i]; else force_taps = argv[++i];
         } else {
             fprintf(stderr, "v41 run: unknown argument '%s' (see v41 run --help)\n", a);
             return 2;
@@ -178,7 +186,19 @@ int v41_cmd_run(int argc, char **argv)
     o.taps = c.taps;
     o.progress = v41_isatty_stderr();
     o.command = cmdline;
-    int rc = v41_run_model(m, &in, &o, dump, NULL, NULL, &err);
+    v41_dump_reader *fr = NULL;
+    v41_dump_source *fs = NULL;
+    v41_tap_source src;
+    int rc = 0;
+    if (force_from) {
+        rc = v41_dump_open(force_from, &fr, &err);
+        if (!rc) rc = v41_dump_source_create(fr, force_taps, &fs, &src, &err);
+    }
+    if (!rc) rc = v41_run_model(m, &in, &o, dump, force_from ? &src : NULL, NULL, &err);
+    if (rc && fs && v41_dump_source_error(fs)->code) v41_err_prefix(&err, "%s", v41_dump_source_error(fs)->msg);
+    if (fs && !rc && !c.json) fprintf(stderr, "v41 run: %ld values forced from %s\n", v41_dump_source_hits(fs), force_from);
+    v41_dump_source_free(fs);
+    v41_dump_reader_close(fr);
     v41_run_inputs_free(&in);
     v41_model_free(m);
     if (rc) {

@@ -514,7 +514,8 @@ int v41_cmd_serve_trace(int argc, char **argv)
         goto fail;
     }
     if (max_len <= 0) max_len = cfg->max_seq_len;
-    int room = max_len - (dspark ? BS + 1 : 0);
+    /* room for a verification block whether or not --dspark is given, so both runs see the same lengths */
+    int room = max_len - (cfg->n_mtp_layers > 0 ? BS + 1 : 0);
     if (room < 2) { rc = v41_err_set(&err, V41_EINVAL, "--max-len %d too small", max_len); goto fail; }
 
     /* read the trace */

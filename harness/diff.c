@@ -20,13 +20,14 @@ const char *v41_diff_level(const char *pa, const char *pb)
     return pa && pb && !strcmp(pa, "fp32") && !strcmp(pb, "fp32") ? "fp32" : "bf16";
 }
 
-void v41_diff_default_tol(v41_tap_kind kind, const char *level, double ref_rms, double *atol, double *rtol)
+void v41_diff_default_tol(v41_tap_kind kind, const char *level, double ref_max, double *atol, double *rtol)
 {
     double r = (level && !strcmp(level, "fp32") && kind != V41_TAP_BF16) ? V41_DIFF_RTOL_FP32 : V41_DIFF_RTOL_BF16;
     *rtol = r;
-    /* absolute floor scaled by the tensor's magnitude: values produced by
-     * cancellation carry the rounding error of the terms, not their own */
-    *atol = r * ref_rms;
+    /* absolute floor scaled by the tensor's largest magnitude: an element made
+     * by cancellation or by a sum over the row carries the rounding error of
+     * the largest terms, not its own (same scale as oracle-check's rule) */
+    *atol = r * ref_max;
     if (!(*atol > 0)) *atol = 0;
 }
 
@@ -93,22 +94,21 @@ static int compare_float(v41_dump_reader *ra, const v41_dump_entry *ea, v41_dump
     float *b = malloc(sizeof(float) * (size_t)(cs > n ? (n ? n : 1) : cs));
     if (!a || !b) { free(a); free(b); return v41_err_set(err, V41_ENOMEM, "diff: out of memory"); }
     int rc = 0;
-    /* the default atol needs rms(a): from the writer's stats attribute, else one extra pass */
-    double ref_rms = ea->has_stats ? ea->rms : -1;
-    if (ref_rms < 0 && !(o->atol_set)) {
-        double ss = 0;
-        int64_t nf = 0;
+    /* the default atol needs max|a| (finite): from the writer's stats attribute, else one extra pass */
+    double ref_max = ea->has_stats ? ea->absmax : -1;
+    if (ref_max < 0 && !(o->atol_set)) {
+        double mx = 0;
         for (int64_t off = 0; off < n && !rc; off += cs) {
             int64_t m = n - off < cs ? n - off : cs;
             rc = v41_dump_read(ra, ea, off, m, a, err);
             for (int64_t i = 0; !rc && i < m; i++)
-                if (isfinite(a[i])) { ss += (double)a[i] * a[i]; nf++; }
+                if (isfinite(a[i]) && fabs((double)a[i]) > mx) mx = fabs((double)a[i]);
         }
-        ref_rms = nf ? sqrt(ss / (double)nf) : 0;
+        ref_max = mx;
     }
     double datol, drtol;
     v41_diff_default_tol(ea->kind == V41_TAP_BF16 || eb->kind == V41_TAP_BF16 ? V41_TAP_BF16 : V41_TAP_F32,
-                         level, ref_rms > 0 ? ref_rms : 0, &datol, &drtol);
+                         level, ref_max > 0 ? ref_max : 0, &datol, &drtol);
     t->atol = o->atol_set ? o->atol : datol;
     t->rtol = o->rtol_set ? o->rtol : drtol;
     t->max_abs_idx = t->max_rel_idx = t->first_nonfinite_idx = -1;
@@ -258,8 +258,11 @@ int v41_diff_tensor_compare(v41_dump_reader *ra, const v41_dump_entry *ea, v41_d
     memset(t, 0, sizeof *t);
     fill_from_entry(t, ea ? ea : eb);
     if (!ea || !eb) {
+        /* an empty tensor on one side and no tap on the other say the same thing */
+        if ((ea ? ea : eb)->numel == 0) { t->status = V41_DIFF_SAME; return 0; }
         t->status = ea ? V41_DIFF_MISSING_B : V41_DIFF_MISSING_A;
         snprintf(t->msg, sizeof t->msg, "present only in %s", ea ? "A" : "B");
+        if (o->ignore_missing) { t->status = V41_DIFF_SAME; snprintf(t->msg, sizeof t->msg, "present only in %s (ignored)", ea ? "A" : "B"); }
         return 0;
     }
     bool same = ea->ndim == eb->ndim;
@@ -445,8 +448,8 @@ void v41_diff_print_tensor(const v41_diff_tensor *t, FILE *f)
     const char *tag = t->status == V41_DIFF_SAME ? "same" : t->status == V41_DIFF_DIFF ? (t->discrete ? "FLIP" : "DIFF")
                     : t->status == V41_DIFF_SHAPE ? "SHAPE" : "MISSING";
     fprintf(f, "%-7s step%04d %s %s %s", tag, t->step, t->name, sh, v41_dump_kind_name(t->kind));
-    if (t->status == V41_DIFF_MISSING_A || t->status == V41_DIFF_MISSING_B || t->status == V41_DIFF_SHAPE) {
-        fprintf(f, ": %s\n", t->msg);
+    if (t->status == V41_DIFF_MISSING_A || t->status == V41_DIFF_MISSING_B || t->status == V41_DIFF_SHAPE || t->msg[0]) {
+        fprintf(f, ": %s\n", t->msg[0] ? t->msg : "empty on one side, absent on the other");
         return;
     }
     if (t->discrete) {

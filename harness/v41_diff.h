@@ -24,6 +24,7 @@ typedef struct v41_diff_opts {
     const char *only;         /* glob list over tap names, NULL = all */
     int64_t chunk_elems;      /* elements read per slab (0 = 1<<20) */
     int max_flip_rows;        /* flipped rows kept per tap (0 = 4) */
+    bool ignore_missing;      /* taps present in one dump only are listed but do not count as differences */
 } v41_diff_opts;
 
 void v41_diff_opts_default(v41_diff_opts *o);
@@ -94,12 +95,12 @@ int v41_diff_tensor_compare(v41_dump_reader *a, const v41_dump_entry *ea, v41_du
                             v41_diff_tensor *out, v41_err *err);
 
 /* Default tolerances (docs/harness.md): level "bf16": rtol = 2^-6,
- * atol = 2^-6 * rms(a); level "fp32": rtol = 2^-13, atol = 2^-13 * rms(a).
+ * atol = 2^-6 * max|a|; level "fp32": rtol = 2^-13, atol = 2^-13 * max|a|.
  * Level = "fp32" when both dumps have precision fp32, else "bf16"; BF16
  * taps always get at least the bf16 level. */
 #define V41_DIFF_RTOL_BF16 0.015625        /* 4 * 2^-8: four bf16 unit roundoffs */
 #define V41_DIFF_RTOL_FP32 1.220703125e-4  /* 2^-13 = 2^11 fp32 unit roundoffs (2^-24) */
-void v41_diff_default_tol(v41_tap_kind kind, const char *level, double ref_rms, double *atol, double *rtol);
+void v41_diff_default_tol(v41_tap_kind kind, const char *level, double ref_max, double *atol, double *rtol);
 const char *v41_diff_level(const char *prec_a, const char *prec_b);
 
 /* Printing: differences only (verbose: every tap), then the summary. */

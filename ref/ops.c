@@ -3,8 +3,12 @@
  * Determinism: every GEMM goes through sgemm on fixed row tiles of
  * V41_GEMM_MT rows and fixed column chunks of V41_GEMM_NC weight rows, so the
  * call shapes (hence OpenBLAS's kernel and reduction order) never depend on
- * the number of rows of the forward. OpenMP threads split column chunks only;
- * no reduction is ever split across threads. */
+ * the number of rows of the forward. The tile is computed transposed,
+ * C^T[nc, MT] = W[nc, K] . A[MT, K]^T: OpenBLAS (0.3.21, Haswell/Zen kernels)
+ * gives every column of such a call the same arithmetic, while the rows of a
+ * row-major C = A . W^T call are computed by different edge kernels depending
+ * on their position in the tile (measured; tests/test_engine.c checks it).
+ * OpenMP threads split column chunks only; no reduction is ever split. */
 #include "config.h"
 #include "v41_ops.h"
 #include <cblas.h>
@@ -54,13 +58,11 @@ void v41_sgemm_tiled(const float *A, int64_t lda, int64_t M, const float *B, int
         for (int64_t i = 0; i < MT; i++) {
             if (i < mt) memcpy(At + i * K, A + (m0 + i) * lda, sizeof(float) * K);
             else memset(At + i * K, 0, sizeof(float) * K);
-            if (accumulate) {
-                if (i < mt) memcpy(Ct + i * N, C + (m0 + i) * ldc, sizeof(float) * N);
-                else memset(Ct + i * N, 0, sizeof(float) * N);
-            }
+            for (int64_t j = 0; j < N; j++) Ct[j * MT + i] = (accumulate && i < mt) ? C[(m0 + i) * ldc + j] : 0.0f;
         }
-        sgemm_nt(MT, (int)N, (int)K, At, (int)K, B, (int)ldb, accumulate ? 1.0f : 0.0f, Ct, (int)N);
-        for (int64_t i = 0; i < mt; i++) memcpy(C + (m0 + i) * ldc, Ct + i * N, sizeof(float) * N);
+        sgemm_nt((int)N, MT, (int)K, B, (int)ldb, At, (int)K, accumulate ? 1.0f : 0.0f, Ct, MT);
+        for (int64_t i = 0; i < mt; i++)
+            for (int64_t j = 0; j < N; j++) C[(m0 + i) * ldc + j] = Ct[j * MT + i];
     }
     free(At);
     free(Ct);
@@ -119,22 +121,22 @@ int v41_linear_ld(const v41_lin *L, const float *x, int64_t ldx, int64_t M, floa
             }
             for (int64_t m0 = 0; m0 < Mp; m0 += MT) {
                 double t0 = count ? now_s() : 0;
+                /* transposed tile: Ct[nc, MT] = W[nc, K] . A[MT, K]^T */
                 if (quant) {
                     for (int64_t kb = 0; kb < K / 32; kb++)
-                        sgemm_nt(MT, (int)nc, 32, A + m0 * K + kb * 32, (int)K, W + kb * 32, (int)K,
-                                 kb ? 1.0f : 0.0f, Ct, (int)nc);
+                        sgemm_nt((int)nc, MT, 32, W + kb * 32, (int)K, A + m0 * K + kb * 32, (int)K,
+                                 kb ? 1.0f : 0.0f, Ct, MT);
                 } else {
-                    sgemm_nt(MT, (int)nc, (int)K, A + m0 * K, (int)K, W, (int)K, 0.0f, Ct, (int)nc);
+                    sgemm_nt((int)nc, MT, (int)K, W, (int)K, A + m0 * K, (int)K, 0.0f, Ct, MT);
                 }
                 if (count) gsec += now_s() - t0;
                 int64_t mt = M - m0 < MT ? M - m0 : MT;
                 for (int64_t i = 0; i < mt; i++) {
                     float *dst = y + (m0 + i) * ldy + n0;
-                    const float *src = Ct + i * nc;
                     if (round_out)
-                        for (int64_t j = 0; j < nc; j++) dst[j] = v41_bf16r(src[j]);
+                        for (int64_t j = 0; j < nc; j++) dst[j] = v41_bf16r(Ct[j * MT + i]);
                     else
-                        memcpy(dst, src, sizeof(float) * nc);
+                        for (int64_t j = 0; j < nc; j++) dst[j] = Ct[j * MT + i];
                 }
             }
         }

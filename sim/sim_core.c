@@ -460,7 +460,7 @@ static int start_step(sim *s, replica *r, double now, v41_err *err)
         if (!r->wq_head) r->wq_tail = NULL;
         r->n_wait--;
         if (a == 2) {
-            if (finish(s, r, q, now, 1)) return v41_err_set(err, V41_EIO, "sim: output sink failed");
+            if (finish(s, r, q, now, 1)) return v41_err_set(err, V41_EIO, "output sink failed");
             continue;
         }
         r->run[r->n_run++] = q;
@@ -494,7 +494,7 @@ static int start_step(sim *s, replica *r, double now, v41_err *err)
     r->t_end = now + c.time_s;
     return 0;
 oom:
-    return v41_err_set(err, V41_ENOMEM, "sim: out of memory");
+    return v41_err_set(err, V41_ENOMEM, "out of memory");
 }
 
 /* The step of replica r ends at r->t_end: apply its outcome. */
@@ -515,7 +515,7 @@ static int end_step(sim *s, replica *r, v41_err *err)
                 q->gen = 1;
                 q->state = ST_DECODE;
                 q->has_draft = false;
-                if (publish_blocks(s, r, q)) return v41_err_set(err, V41_ENOMEM, "sim: out of memory");
+                if (publish_blocks(s, r, q)) return v41_err_set(err, V41_ENOMEM, "out of memory");
             }
         } else {
             int L = r->idraft[i];
@@ -535,14 +535,14 @@ static int end_step(sim *s, replica *r, v41_err *err)
     for (int i = 0; i < r->n_run; i++) {
         sreq *q = r->run[i];
         if (q->state == ST_DECODE && q->gen >= q->out_len) {
-            if (finish(s, r, q, t, 0)) return v41_err_set(err, V41_EIO, "sim: output sink failed");
+            if (finish(s, r, q, t, 0)) return v41_err_set(err, V41_EIO, "output sink failed");
         } else {
             r->run[k++] = q;
         }
     }
     r->n_run = k;
     r->busy = false;
-    if (emit_kv(s, r, t)) return v41_err_set(err, V41_EIO, "sim: output sink failed");
+    if (emit_kv(s, r, t)) return v41_err_set(err, V41_EIO, "output sink failed");
     return 0;
 }
 
@@ -583,10 +583,12 @@ void v41_sim_opts_default(v41_sim_opts *o)
     o->sample_dt = 1.0;
 }
 
-static void progress(const sim *s, v41_trace *tr, double now, bool final)
+static void progress(const sim *s, v41_trace *tr, double now, int64_t nread, bool final)
 {
     double f = v41_trace_progress(tr);
     if (f < 0) f = 0;
+    if (s->o->limit > 0 && (double)nread / (double)s->o->limit > f) f = (double)nread / (double)s->o->limit;
+    if (f > 1) f = 1;
     int w = 30, k = (int)(f * w + 0.5);
     char bar[64];
     for (int i = 0; i < w; i++) bar[i] = i < k ? '#' : '.';
@@ -609,11 +611,14 @@ int v41_sim_run(const v41_sim_opts *o, v41_trace *tr, const v41_sim_sinks *sinks
     s->sinks = sinks;
     s->res = res;
     if (o->replicas < 1 || o->token_budget < 1 || o->max_seqs < 1 || o->block_tokens < 1)
-        return v41_err_set(err, V41_EINVAL, "sim: replicas, token budget, max seqs and block size must be >= 1");
+        return v41_err_set(err, V41_EINVAL, "replicas, token budget, max seqs and block size must be >= 1");
     if (o->draft_len < 0 || o->draft_len > V41_ACC_MAXLEN)
-        return v41_err_set(err, V41_EINVAL, "sim: draft length must be 0..%d", V41_ACC_MAXLEN);
+        return v41_err_set(err, V41_EINVAL, "draft length must be 0..%d", V41_ACC_MAXLEN);
     if (o->draft_len > 0 && o->cfg.n_mtp_layers < 1)
-        return v41_err_set(err, V41_EINVAL, "sim: --dspark needs a model with DSpark stages (n_mtp_layers > 0)");
+        return v41_err_set(err, V41_EINVAL, "--dspark needs a model with DSpark stages (n_mtp_layers > 0)");
+    if (o->draft_len > 0 && o->cfg.dspark_block_size > 0 && o->draft_len > o->cfg.dspark_block_size)
+        return v41_err_set(err, V41_EINVAL, "--dspark %d: one draft block yields at most dspark_block_size = %d drafts",
+                           o->draft_len, o->cfg.dspark_block_size);
     v41_hw hw = o->hw;
     /* GPUs per replica: the weights must fit in 60% of the HBM (docs/sim.md) */
     {
@@ -642,7 +647,7 @@ int v41_sim_run(const v41_sim_opts *o, v41_trace *tr, const v41_sim_sinks *sinks
     s->blk_bytes[1] = (double)o->block_tokens * s->kb.index_tok;
     s->blk_bytes[2] = o->replay_enc ? 0 : (double)o->block_tokens * s->kb.window_row;
     s->rep = calloc((size_t)o->replicas, sizeof *s->rep);
-    if (!s->rep) { v41_cost_destroy(s->cm); return v41_err_set(err, V41_ENOMEM, "sim: out of memory"); }
+    if (!s->rep) { v41_cost_destroy(s->cm); return v41_err_set(err, V41_ENOMEM, "out of memory"); }
     for (int i = 0; i < o->replicas; i++) {
         replica *r = &s->rep[i];
         r->idx = i;
@@ -650,7 +655,7 @@ int v41_sim_run(const v41_sim_opts *o, v41_trace *tr, const v41_sim_sinks *sinks
         r->pc.free_head = r->pc.lru_head = r->pc.lru_tail = -1;
         r->last_sample = -1;
         v41_rng_seed(&r->rng, o->seed * 1000003ULL + (uint64_t)i);
-        if (!r->run) { rc = v41_err_set(err, V41_ENOMEM, "sim: out of memory"); goto out; }
+        if (!r->run) { rc = v41_err_set(err, V41_ENOMEM, "out of memory"); goto out; }
     }
     v41_trace_rec rec;
     bool eof = false;
@@ -668,7 +673,7 @@ int v41_sim_run(const v41_sim_opts *o, v41_trace *tr, const v41_sim_sinks *sinks
         if (t_arr <= t_step) {
             now = t_arr;
             sreq *q = calloc(1, sizeof *q);
-            if (!q) { rc = v41_err_set(err, V41_ENOMEM, "sim: out of memory"); goto out; }
+            if (!q) { rc = v41_err_set(err, V41_ENOMEM, "out of memory"); goto out; }
             q->id = s->next_id++;
             q->line = rec.line;
             q->t_arrive = rec.t_arrive;
@@ -677,7 +682,7 @@ int v41_sim_run(const v41_sim_opts *o, v41_trace *tr, const v41_sim_sinks *sinks
             q->n_hash = rec.n_hash;
             if (rec.n_hash) {
                 q->hash = malloc((size_t)rec.n_hash * sizeof *q->hash);
-                if (!q->hash) { free(q); rc = v41_err_set(err, V41_ENOMEM, "sim: out of memory"); goto out; }
+                if (!q->hash) { free(q); rc = v41_err_set(err, V41_ENOMEM, "out of memory"); goto out; }
                 memcpy(q->hash, rec.hash, (size_t)rec.n_hash * sizeof *q->hash);
             }
             res->n_requests++;
@@ -707,19 +712,19 @@ int v41_sim_run(const v41_sim_opts *o, v41_trace *tr, const v41_sim_sinks *sinks
                 r->wq_head = q->next;
                 if (!r->wq_head) r->wq_tail = NULL;
                 r->n_wait--;
-                if (finish(s, r, q, now, 1)) { rc = v41_err_set(err, V41_EIO, "sim: output sink failed"); goto out; }
+                if (finish(s, r, q, now, 1)) { rc = v41_err_set(err, V41_EIO, "output sink failed"); goto out; }
                 if ((rc = start_step(s, r, now, err))) goto out;
             }
         }
         if (o->progress && (res->events & 4095) == 0) {
             double w = wall_now();
             if (w - last_prog > 0.25) {
-                progress(s, tr, now, false);
+                progress(s, tr, now, nread, false);
                 last_prog = w;
             }
         }
     }
-    if (o->progress) progress(s, tr, now, true);
+    if (o->progress) progress(s, tr, now, nread, true);
     res->skipped_rows = v41_trace_skipped(tr);
 out:
     for (int i = 0; s->rep && i < o->replicas; i++) {

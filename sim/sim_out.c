@@ -229,7 +229,6 @@ int v41_sim_out_open(const char *dir, v41_sim_out **out, v41_err *err)
         snprintf(o->tmp[i], sizeof o->tmp[i], "%s/.%s.tmp%ld", dir, names[i], (long)getpid());
     }
     FILE *f0 = fopen(o->tmp[0], "w"), *f1 = fopen(o->tmp[1], "w");
-    H5Eset_auto2(H5E_DEFAULT, NULL, NULL);
     o->h5 = H5Fcreate(o->tmp[2], H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT);
     if (!f0 || !f1 || o->h5 < 0) {
         if (f0) fclose(f0);

@@ -1,0 +1,48 @@
+#!/bin/sh
+# Serving semantics through the CLI (SPEC §7, §8):
+#  1. DSpark speculation is lossless: with greedy acceptance the target's output ids are the same
+#     with and without drafting (serve-trace --dspark vs plain), request by request.
+#  2. serve-trace's JSON carries the acceptance histogram the simulator reads (v41 sim --accept file:).
+#  3. replay-study runs and reports zero divergence for prompts no longer than the window
+#     (trimming keeps every row when query_len <= W).
+#  4. bad input: a malformed trace is an error (exit 2) naming the line.
+set -eu
+V41=${V41_BUILDDIR:-.}/harness/v41
+PY=${PYTHON3:-/usr/bin/python3}
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+export OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1
+
+synth="n=3,rate=1000,in=uniform:12:20,out=fixed:6,groups=1,prefix=8,block=8,seed=5"
+"$V41" serve-trace --synth "$synth" --limit 3 --max-len 48 --json "$tmp/plain.json" >/dev/null
+"$V41" serve-trace --synth "$synth" --limit 3 --max-len 48 --dspark --json "$tmp/spec.json" >/dev/null
+"$PY" - "$tmp/plain.json" "$tmp/spec.json" <<'PYEOF'
+import json, sys
+a = json.load(open(sys.argv[1])); b = json.load(open(sys.argv[2]))
+assert len(a["requests"]) == len(b["requests"]) == 3, "request count"
+for ra, rb in zip(a["requests"], b["requests"]):
+    assert len(ra["output_ids"]) == ra["out_len"], ("plain output length", ra)
+    assert ra["output_ids"] == rb["output_ids"], ("DSpark changed the greedy output", ra["id"], ra["output_ids"], rb["output_ids"])
+    assert rb["verify_steps"] > 0, "no verification step ran"
+h = b["accepted_hist"]
+assert sum(h) == sum(r["verify_steps"] for r in b["requests"]), "histogram counts one entry per verify step"
+assert a["accepted_hist"] == [], "no histogram without --dspark"
+print("serve-trace: DSpark lossless on", len(a["requests"]), "requests;", "accepted_hist", h)
+PYEOF
+"$V41" replay-study --random-prompts 2:8 --steps 2 --json "$tmp/rs.json" >/dev/null
+"$PY" - "$tmp/rs.json" <<'PYEOF'
+import json, sys
+r = json.load(open(sys.argv[1]))
+assert r["kl_max"] == 0.0 and r["greedy_agree"] == r["greedy_total"], r
+assert all(x == 0.0 for x in r["layer_rel_rms"] if x is not None), r["layer_rel_rms"]
+assert r["layer_rows_saved"] == 0, "prompts of W rows keep every row"
+print("replay-study: prompts <= W unchanged by trimming")
+PYEOF
+printf '{"timestamp": 0, "input_length": 10, "output_length": 2, "hash_ids": [1]}\n{"timestamp": 1, "input_length": "x"}\n' > "$tmp/bad.jsonl"
+set +e
+"$V41" serve-trace --trace "$tmp/bad.jsonl" --limit 2 2>"$tmp/err"
+rc=$?
+set -e
+[ $rc -eq 2 ] || { echo "malformed trace: exit $rc, want 2"; exit 1; }
+grep -Eq "(line 2|jsonl:2:)" "$tmp/err" || { echo "error does not name line 2:"; cat "$tmp/err"; exit 1; }
+echo "malformed trace rejected: $(cat "$tmp/err")"
