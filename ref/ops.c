@@ -21,7 +21,8 @@
 
 /* ------------------------------------------------------------------ GEMM */
 
-static _Thread_local double gemm_secs;
+/* benchmark counters of the calling thread (v41 bench ref); off unless enabled */
+static _Thread_local double gemm_secs, gemm_flops, lin_secs;
 static _Thread_local bool gemm_count;
 
 double v41_gemm_seconds(bool reset)
@@ -31,6 +32,77 @@ double v41_gemm_seconds(bool reset)
     return s;
 }
 void v41_gemm_count_enable(bool on) { gemm_count = on; }
+void v41_gemm_stats(double *sgemm_thread_s, double *flops, double *linear_wall_s, bool reset)
+{
+    if (sgemm_thread_s) *sgemm_thread_s = gemm_secs;
+    if (flops) *flops = gemm_flops;
+    if (linear_wall_s) *linear_wall_s = lin_secs;
+    if (reset) gemm_secs = gemm_flops = lin_secs = 0;
+}
+
+/* ------------------------------------------------------------------ fast dequantization */
+
+/* Same values as v41_dequant_rows (exact products of a code and a power-of-two
+ * scale), through lookup tables. Falls back to quant.c for other layouts. */
+static float e4m3_lut[256], fp4_lut[16];
+static void init_luts(void)
+{
+    for (int i = 0; i < 256; i++) e4m3_lut[i] = v41_e4m3_to_f32((uint8_t)i);
+    for (int i = 0; i < 16; i++) fp4_lut[i] = v41_fp4_to_f32((uint8_t)i);
+}
+#include <pthread.h>
+static pthread_once_t lut_once = PTHREAD_ONCE_INIT;
+
+static int dequant_fast(const v41_tensor *w, const v41_tensor *sc, int64_t r0, int64_t nr, float *out, v41_err *err)
+{
+    if (w->ndim != 2) return v41_dequant_rows(w, sc, r0, nr, out, err);
+    const int64_t N = w->shape[0], K = w->shape[1];
+    const uint8_t *d = w->data;
+    if (r0 < 0 || r0 + nr > N) return v41_dequant_rows(w, sc, r0, nr, out, err);
+    if (w->dtype == V41_DT_BF16 && !sc) {
+        const uint16_t *b = w->data;
+        for (int64_t i = 0; i < nr * K; i++) {
+            uint32_t u = (uint32_t)b[r0 * K + i] << 16;
+            memcpy(out + i, &u, 4);
+        }
+        return V41_OK;
+    }
+    if (w->dtype == V41_DT_F32 && !sc) {
+        memcpy(out, d + (size_t)r0 * K * 4, sizeof(float) * (size_t)(nr * K));
+        return V41_OK;
+    }
+    if (!sc || sc->dtype != V41_DT_F8_E8M0 || sc->ndim != 2 || K % 32) return v41_dequant_rows(w, sc, r0, nr, out, err);
+    pthread_once(&lut_once, init_luts);
+    const uint8_t *s = sc->data;
+    const int64_t nbk = K / 32;
+    if (w->dtype == V41_DT_F8_E4M3 && sc->shape[0] == (N + 31) / 32 && sc->shape[1] == nbk && N > 32) {
+        for (int64_t r = r0; r < r0 + nr; r++) {
+            const uint8_t *q = d + r * K, *sr = s + (r / 32) * nbk;
+            float *o = out + (r - r0) * K;
+            for (int64_t b = 0; b < nbk; b++) {
+                float f = v41_e8m0_to_f32(sr[b]);
+                for (int i = 0; i < 32; i++) o[b * 32 + i] = e4m3_lut[q[b * 32 + i]] * f;
+            }
+        }
+        return V41_OK;
+    }
+    if (w->dtype == V41_DT_F4 && sc->shape[0] == N && sc->shape[1] == nbk) {
+        for (int64_t r = r0; r < r0 + nr; r++) {
+            const uint8_t *q = d + r * (K / 2), *sr = s + r * nbk;
+            float *o = out + (r - r0) * K;
+            for (int64_t b = 0; b < nbk; b++) {
+                float f = v41_e8m0_to_f32(sr[b]);
+                for (int i = 0; i < 16; i++) {
+                    uint8_t byte = q[b * 16 + i];
+                    o[b * 32 + 2 * i] = fp4_lut[byte & 15] * f;
+                    o[b * 32 + 2 * i + 1] = fp4_lut[byte >> 4] * f;
+                }
+            }
+        }
+        return V41_OK;
+    }
+    return v41_dequant_rows(w, sc, r0, nr, out, err);
+}
 
 static double now_s(void)
 {
@@ -99,8 +171,8 @@ int v41_linear_ld(const v41_lin *L, const float *x, int64_t ldx, int64_t M, floa
     int rc = V41_OK;
     v41_err lerr = {0};
     const bool count = gemm_count;
-    double gsec = 0;
-#pragma omp parallel reduction(+ : gsec)
+    double gsec = 0, gfl = 0, tl0 = count ? now_s() : 0;
+#pragma omp parallel reduction(+ : gsec, gfl)
     {
         float *W = malloc(sizeof(float) * (size_t)(NC * K));
         float *Ct = malloc(sizeof(float) * (size_t)(MT * NC));
@@ -113,7 +185,7 @@ int v41_linear_ld(const v41_lin *L, const float *x, int64_t ldx, int64_t M, floa
         for (int64_t c = 0; c < nch; c++) {
             if (!W || !Ct) continue;
             int64_t n0 = c * NC, nc = N - n0 < NC ? N - n0 : NC;
-            int r2 = v41_dequant_rows(L->w, L->s, L->row0 + n0, nc, W, &e2);
+            int r2 = dequant_fast(L->w, L->s, L->row0 + n0, nc, W, &e2);
             if (r2) {
 #pragma omp critical
                 { rc = r2; lerr = e2; }
@@ -129,7 +201,10 @@ int v41_linear_ld(const v41_lin *L, const float *x, int64_t ldx, int64_t M, floa
                 } else {
                     sgemm_nt((int)nc, MT, (int)K, W, (int)K, A + m0 * K, (int)K, 0.0f, Ct, MT);
                 }
-                if (count) gsec += now_s() - t0;
+                if (count) {
+                    gsec += now_s() - t0;
+                    gfl += 2.0 * MT * (double)nc * (double)K;
+                }
                 int64_t mt = M - m0 < MT ? M - m0 : MT;
                 for (int64_t i = 0; i < mt; i++) {
                     float *dst = y + (m0 + i) * ldy + n0;
@@ -143,7 +218,11 @@ int v41_linear_ld(const v41_lin *L, const float *x, int64_t ldx, int64_t M, floa
         free(W);
         free(Ct);
     }
-    if (count) gemm_secs += gsec;
+    if (count) {
+        gemm_secs += gsec;
+        gemm_flops += gfl;
+        lin_secs += now_s() - tl0;
+    }
     free(A);
     if (rc) {
         if (err) *err = lerr;

@@ -65,9 +65,12 @@ int v41_linear_ld(const v41_lin *L, const float *x, int64_t ldx, int64_t M, floa
 /* Bare fixed-tile sgemm: C[M,N] = A[M,K] . B[N,K]^T (+ C when accumulate). Used by tests/bench. */
 void v41_sgemm_tiled(const float *A, int64_t lda, int64_t M, const float *B, int64_t ldb, int64_t N,
                      int64_t K, float *C, int64_t ldc, bool accumulate);
-/* Cumulative seconds spent in sgemm calls by this thread set (for the bench); reset with 0. */
+/* Benchmark counters (off unless enabled; kept per calling thread): thread-seconds
+ * inside sgemm, executed GEMM flops (padded tiles included), wall seconds inside
+ * v41_linear (dequantization + GEMM + output rounding). */
 double v41_gemm_seconds(bool reset);
 void v41_gemm_count_enable(bool on);
+void v41_gemm_stats(double *sgemm_thread_s, double *flops, double *linear_wall_s, bool reset);
 
 /* ---- norms, RoPE ---------------------------------------------------------- */
 

@@ -621,6 +621,114 @@ START_TEST(test_sweep_merge)
 }
 END_TEST
 
+/* ------------------------------------------------------------------ generator, outputs */
+
+START_TEST(test_synthetic_generator)
+{
+    /* Poisson at 5 req/s: mean gap 0.2 s, sd of the mean over 3999 gaps 0.2/sqrt(3999) = 0.0032;
+     * tolerance 5 sd. Gamma cv=2: sample CV within 15% (its sd is ~5% at this n for shape 1/4).
+     * Groups: the prefix's full blocks carry the group's ids, and the prompt extends past it. */
+    v41_err err;
+    for (int g = 0; g < 2; g++) {
+        v41_trace *t;
+        ck_assert_int_eq(v41_trace_open_synth(g ? "n=4000,rate=5,arrival=gamma,cv=2,seed=5"
+                                                : "n=4000,rate=5,groups=3,prefix=1100,block=512,seed=5", &t, &err), 0);
+        v41_trace_rec r;
+        bool eof;
+        double last = 0, s1 = 0, s2 = 0;
+        int n = 0;
+        int64_t first_ids[3][2];
+        int seen[3] = {0};
+        while (!v41_trace_next(t, &r, &eof, &err) && !eof) {
+            if (n > 0) {
+                double gap = r.t_arrive - last;
+                ck_assert(gap >= 0);
+                s1 += gap;
+                s2 += gap * gap;
+            }
+            last = r.t_arrive;
+            ck_assert_int_eq(r.n_hash, (int)((r.in_len + 511) / 512));
+            if (!g) {
+                ck_assert_int_gt(r.in_len, 1100);
+                int grp = (int)(r.hash[0] / 4);   /* ids of group k: k*(ceil(1100/512)+1) + i */
+                ck_assert(grp >= 0 && grp < 3);
+                if (seen[grp]) {
+                    ck_assert(r.hash[0] == first_ids[grp][0] && r.hash[1] == first_ids[grp][1]);
+                } else {
+                    first_ids[grp][0] = r.hash[0];
+                    first_ids[grp][1] = r.hash[1];
+                    seen[grp] = 1;
+                }
+            }
+            n++;
+        }
+        v41_trace_close(t);
+        ck_assert_int_eq(n, 4000);
+        double mean = s1 / (n - 1), cv = sqrt(s2 / (n - 1) - mean * mean) / mean;
+        ck_assert_msg(fabs(mean - 0.2) < 0.016 * (g ? 2 : 1), "mean gap %g", mean);
+        if (g) ck_assert_msg(fabs(cv - 2) < 0.3, "cv %g", cv);
+        else ck_assert_msg(fabs(cv - 1) < 0.15, "cv %g", cv);
+        if (!g) ck_assert(seen[0] && seen[1] && seen[2]);
+    }
+    ck_assert_int_ne(v41_trace_open_synth("n=10,bogus=3", &(v41_trace *){0}, &err), 0);
+}
+END_TEST
+
+START_TEST(test_output_files)
+{
+    /* --out: one CSV row and one HDF5 element per request, summary.json agrees, no temp files */
+    mk_tmp();
+    char dir[600];
+    snprintf(dir, sizeof dir, "%s/out", tmpdir);
+    v41_sim_opts o;
+    tiny_opts(&o);
+    o.sample_dt = 0;
+    v41_err err;
+    v41_trace *t;
+    ck_assert_int_eq(v41_trace_open_synth("n=123,rate=50,seed=9", &t, &err), 0);
+    v41_sim_out *out;
+    ck_assert_int_eq(v41_sim_out_open(dir, &out, &err), 0);
+    v41_sim_sinks s;
+    v41_sim_out_sinks(out, &s);
+    static v41_sim_result res;
+    ck_assert_int_eq(v41_sim_run(&o, t, &s, &res, &err), 0);
+    v41_trace_close(t);
+    ck_assert_int_eq(v41_sim_out_close(out, &o, &res, "{\"k\":\"v\"}", &err), 0);
+    char p[700], line[4096];
+    snprintf(p, sizeof p, "%s/requests.csv", dir);
+    FILE *f = fopen(p, "r");
+    ck_assert_ptr_nonnull(f);
+    int n = 0;
+    while (fgets(line, sizeof line, f)) n++;
+    fclose(f);
+    ck_assert_int_eq(n, 1 + 123);
+    snprintf(p, sizeof p, "%s/kv.csv", dir);
+    f = fopen(p, "r");
+    n = 0;
+    while (fgets(line, sizeof line, f)) n++;
+    fclose(f);
+    ck_assert_int_eq(n, 1 + res.steps);   /* sample_dt 0: one sample per step */
+    snprintf(p, sizeof p, "%s/summary.json", dir);
+    f = fopen(p, "r");
+    char *buf = calloc(1, 1 << 16);
+    size_t len = fread(buf, 1, (1 << 16) - 1, f);
+    fclose(f);
+    cJSON *j = cJSON_ParseWithLength(buf, len);
+    free(buf);
+    ck_assert_ptr_nonnull(j);
+    ck_assert_int_eq(cJSON_GetObjectItem(j, "finished")->valueint, 123);
+    ck_assert_str_eq(cJSON_GetObjectItem(cJSON_GetObjectItem(j, "params"), "k")->valuestring, "v");
+    cJSON_Delete(j);
+    snprintf(p, sizeof p, "%s/sim.h5", dir);
+    ck_assert_int_eq(access(p, R_OK), 0);
+    snprintf(p, sizeof p, "ls -A %s | grep -c tmp", dir);
+    f = popen(p, "r");
+    ck_assert_int_eq(fscanf(f, "%d", &n), 1);
+    pclose(f);
+    ck_assert_int_eq(n, 0);
+}
+END_TEST
+
 static Suite *sim_suite(void)
 {
     Suite *s = suite_create("sim");
@@ -639,6 +747,8 @@ static Suite *sim_suite(void)
     tcase_add_test(io, test_profile_interpolation);
     tcase_add_test(io, test_histogram);
     tcase_add_test(io, test_sweep_merge);
+    tcase_add_test(io, test_synthetic_generator);
+    tcase_add_test(io, test_output_files);
     suite_add_tcase(s, io);
     return s;
 }
