@@ -47,7 +47,7 @@ struct bench {
     // the device time, as in a graph-replayed decode step; graph = false for
     // code that synchronises with the host (MoE: per-expert row counts).
     double time(const std::function<int()> &fn, int nrep = 0, bool graph = true) {
-        if (nrep <= 0) nrep = reps;
+        if (nrep <= 0 || nrep > reps) nrep = reps;
         cudaEvent_t a, b;
         cudaEventCreate(&a); cudaEventCreate(&b);
         for (int w = 0; w < 2; w++) if (fn()) { fprintf(stderr, "v41 bench gpu: kernel failed\n"); exit(2); }
@@ -113,7 +113,8 @@ void ceilings(bench &B)
     size_t n = (size_t)2 << 30;   // 2 GiB each way
     void *a = B.alloc(n), *b = B.alloc(n);
     v41g_fill_bf16((uint16_t *)a, n / 2, 1, 1.0f, B.st);
-    double t = B.time([&] { return (int)cudaMemcpyAsync(b, a, n, cudaMemcpyDeviceToDevice, B.st); }, 10);
+    // (not graph-captured: a graph's memcpy node may run on a copy engine, slower than the stream copy)
+    double t = B.time([&] { return (int)cudaMemcpyAsync(b, a, n, cudaMemcpyDeviceToDevice, B.st); }, 10, false);
     B.copy_GBps = 2.0 * n / t * 1e-9;
     B.rec("copy", "d2d_copy_2GiB", "{\"bytes\":2147483648}", 0, 2.0 * n, t);
     // bf16 GEMM ceiling: the square 8192 problem and the model's largest shapes, random data
@@ -161,6 +162,18 @@ void gemms(bench &B, bool quick)
     B.free_all();
 }
 
+// number of distinct expert ids in a device array of n ids (the experts whose weights a MoE step reads)
+int distinct_experts(const int32_t *d_idx, size_t n)
+{
+    std::vector<int32_t> h(n);
+    v41g_sync();
+    v41g_d2h(h.data(), d_idx, n * 4);
+    std::vector<char> seen(E, 0);
+    int c = 0;
+    for (int32_t e : h) if (e >= 0 && e < E && !seen[e]) { seen[e] = 1; c++; }
+    return c;
+}
+
 // random sorted top-k positions in [0, n) per row (host), offset by base
 void rand_sorted(std::vector<int32_t> &dst, int k, int n, int64_t base, uint64_t &seed)
 {
@@ -187,7 +200,7 @@ void attention(bench &B, bool quick)
     v41g_fill_f32(sink, H, 9, 1.0f, B.st);
     for (int C : ctxs)
         for (int b : batches) {
-            if (quick && b != 64) continue;
+            if (quick && (b > 64 || C > 8192)) continue;
             // pools: window rings [b, W, d]; compressed caches [b, C, d] (ratio 1: C positions)
             uint16_t *q = (uint16_t *)B.alloc((size_t)b * H * HD * 2), *o = (uint16_t *)B.alloc((size_t)b * H * HD * 2);
             uint16_t *kw = (uint16_t *)B.alloc((size_t)b * W * HD * 2), *kc = (uint16_t *)B.alloc((size_t)b * C * HD * 2);
@@ -214,7 +227,7 @@ void attention(bench &B, bool quick)
         }
     // prefill: one request of T rows, window part min(T,W) + top-512 compressed (ratio 1)
     {
-        int T = quick ? 1024 : 4096;
+        int T = quick ? 256 : 4096;
         uint16_t *q = (uint16_t *)B.alloc((size_t)T * H * HD * 2), *o = (uint16_t *)B.alloc((size_t)T * H * HD * 2);
         uint16_t *kw = (uint16_t *)B.alloc((size_t)T * HD * 2);
         v41g_fill_bf16(q, (size_t)T * H * HD, 13, 1.0f, B.st);
@@ -300,9 +313,10 @@ void moe(bench &B, bool quick)
             return rc;
         };
         double t = B.time(run, 7, false);
-        // weights read: all experts (every expert gets tokens at these sizes) + shared + gate
+        // weights read: the experts that got tokens + shared + gate
+        int ne = distinct_experts(idx, (size_t)T * KA);
         double fl = 2.0 * T * (KA + 1) * 3.0 * D * IM + 2.0 * T * E * D;
-        double by = (w13n + w2n) * 2.0 + 3.0 * IM * D * 2 + E * D * 2.0 + 2.0 * T * D * 2;
+        double by = ne * 3.0 * IM * D * 2 + 3.0 * IM * D * 2 + E * D * 2.0 + 2.0 * T * D * 2;
         B.rec("moe", fmt("moe_T%d", T), fmt("{\"T\":%d,\"experts\":%d,\"active\":%d,\"shared\":1,\"dim\":%d,\"inter\":%d,"
               "\"weights\":\"bf16\"}", T, E, KA, D, IM), fl, by, t);
         // dense cuBLAS at equal FLOPs: [T*(k+1), D] x [2I, D]^T then [T*(k+1), I] x [D, I]^T
@@ -484,8 +498,8 @@ void layer(bench &B, int T, bool decode, int ctx)
     std::string nm = decode ? fmt("layer_decode_b%d_ctx%dK", T, ctx / 1024) : fmt("layer_prefill_T%d", T);
     std::string p = fmt("{\"T\":%d,\"decode\":%d,\"context\":%d,\"weights\":\"bf16\"}", T, decode ? 1 : 0, decode ? ctx : T);
     B.rec("layer", nm + "_attn_half", p, attn_fl, attn_w + kvb + act, ta);
-    // MoE: touched experts read once (every expert at these sizes except tiny decode batches)
-    double touched = std::min((double)E, (double)T * KA);
+    // MoE: the experts that got tokens are read once
+    double touched = distinct_experts(eidx, (size_t)T * KA);
     double moe_w = touched * 3.0 * IM * D * 2 + 3.0 * IM * D * 2 + (double)E * D * 2;
     double moe_fl = 2.0 * T * (KA + 1) * 3.0 * D * IM + 2.0 * T * E * D;
     B.rec("layer", nm + "_ffn_half", p, moe_fl, moe_w + act, tf);
@@ -518,13 +532,15 @@ int write_json(const bench &B, const char *path, const char *dev)
 extern "C" int v41g_bench_main(int argc, char **argv)
 {
     const char *json = NULL, *only = NULL;
+    int reps = 15;
     bool quick = false;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--json") && i + 1 < argc) json = argv[++i];
         else if (!strcmp(argv[i], "--quick")) quick = true;
+        else if (!strcmp(argv[i], "--reps") && i + 1 < argc) reps = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--only") && i + 1 < argc) only = argv[++i];
         else if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
-            printf("usage: v41 bench gpu [--json OUT] [--quick] [--only gemm,attn,indexer,moe,small,layer]\n"
+            printf("usage: v41 bench gpu [--json OUT] [--quick] [--reps N] [--only gemm,attn,indexer,moe,small,layer]\n"
                    "  Ceilings (D2D copy, cuBLAS bf16 GEMM) then every CUDA kernel at V4.1-Flash shapes;\n"
                    "  medians of cudaEvent-timed runs with the L2 flushed. --json writes schema v41-profile/1.\n");
             return 0;
@@ -536,6 +552,7 @@ extern "C" int v41g_bench_main(int argc, char **argv)
     printf("device: %s\n", dev);
     bench B;
     cudaStreamCreateWithFlags(&B.st, cudaStreamNonBlocking);
+    B.reps = reps > 0 ? reps : 1;
     B.flush = v41g_malloc(B.flush_bytes);
     if (!B.flush) return 2;
     auto want = [&](const char *k) { return !only || strstr(only, k); };

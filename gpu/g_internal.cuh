@@ -75,8 +75,11 @@ static inline cudaError_t g_tmp_alloc(void **p, size_t n, cudaStream_t st)
 {
     cudaMemPool_t pool;
     int dev = 0;
-    cudaGetDevice(&dev);
-    if (cudaDeviceGetDefaultMemPool(&pool, dev) == cudaSuccess) {
+    cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
+    cudaStreamIsCapturing(st, &cs);
+    // (pool attributes may not be changed while a graph is being captured)
+    if (cs == cudaStreamCaptureStatusNone && cudaGetDevice(&dev) == cudaSuccess &&
+        cudaDeviceGetDefaultMemPool(&pool, dev) == cudaSuccess) {
         uint64_t thr = UINT64_MAX;
         cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &thr);
     }

@@ -6,12 +6,13 @@
 // order in fp32. Keys past the row's visible count are not read.
 //
 // Top-k: one block per row, radix select on the 16-bit order-preserving key
-// of the bf16 score (two 8-bit histogram passes find the k-th largest value
-// and how many of its ties are needed; warp-aggregated shared-memory
-// atomics), then an ordered compaction (each thread owns a contiguous run of
-// positions; two block scans give every thread its tie quota and output
-// offset) emits the chosen positions ascending; ties go to the lower position
-// because the quota is handed out in position order. No sort of the row.
+// of the bf16 score: the row is read once (keys cached in shared memory up to
+// 80K positions), two 8-bit histogram passes (warp-aggregated shared-memory
+// atomics) find the k-th largest value and how many of its ties are needed,
+// then an ordered compaction (each warp owns a contiguous range; a scan over
+// the 32 warps gives each its tie quota and output offset; ballots rank within
+// 32 positions) emits the chosen positions ascending. Ties go to the lower
+// position because the quota is handed out in position order. No sort.
 #include "g_internal.cuh"
 #include <mma.h>
 using namespace nvcuda;
@@ -102,26 +103,6 @@ __device__ __forceinline__ uint32_t g_score_key(float f)
     return (b & 0x8000u) ? (~b & 0xffffu) : (b | 0x8000u);
 }
 
-// Exclusive block prefix sum of v (TK_THREADS threads); *tot = the block total.
-__device__ __forceinline__ int g_block_scan(int v, int *wsum /*[33]*/, int *tot)
-{
-    int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
-    int inc = v;
-    for (int o = 1; o < 32; o <<= 1) { int n = __shfl_up_sync(0xffffffffu, inc, o); if (lane >= o) inc += n; }
-    __syncthreads();
-    if (lane == 31) wsum[w] = inc;
-    __syncthreads();
-    if (w == 0) {
-        int x = lane < (TK_THREADS >> 5) ? wsum[lane] : 0, xi = x;
-        for (int o = 1; o < 32; o <<= 1) { int n = __shfl_up_sync(0xffffffffu, xi, o); if (lane >= o) xi += n; }
-        wsum[lane] = xi - x;
-        if (lane == 31) wsum[32] = xi;
-    }
-    __syncthreads();
-    *tot = wsum[32];
-    return wsum[w] + inc - v;
-}
-
 // Histogram with warp aggregation: equal bins within a warp add once (bf16
 // scores crowd into few high-byte bins, so plain atomics would serialise).
 __device__ __forceinline__ void g_hist_add(int *hist, int bin /* <0: none */)
@@ -131,23 +112,38 @@ __device__ __forceinline__ void g_hist_add(int *hist, int bin /* <0: none */)
     if (bin >= 0 && (int)(threadIdx.x & 31) == leader) atomicAdd(&hist[bin], __popc(peers));
 }
 
+#define TK_SMEM_MAX (160 * 1024)   /* keys cached in shared memory up to 80K positions */
+
 __global__ void __launch_bounds__(TK_THREADS)
 g_topk_kernel(const float *__restrict__ I, const int32_t *__restrict__ visible, int S, int k,
-              int32_t *__restrict__ out, uint8_t *tie_cut)
+              int32_t *__restrict__ out, uint8_t *tie_cut, int cache)
 {
+    extern __shared__ __align__(16) unsigned char tk_smem[];
+    uint16_t *keys = (uint16_t *)tk_smem;   // [S] when cache
     __shared__ int hist[256];
-    __shared__ int wsum[33];
+    __shared__ int wcnt[2][32], wpre[2][32];
     __shared__ int sel_hi, sel_lo, above_hi, above;
-    const int t = blockIdx.x, tid = threadIdx.x;
+    const int t = blockIdx.x, tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const float *row = I + (size_t)t * S;
     int32_t *orow = out + (size_t)t * k;
     const int kk = min(k, S);
-    // pass 1: histogram of the high byte
+    auto key_at = [&](int s) -> uint32_t { return cache ? (uint32_t)keys[s] : g_score_key(row[s]); };
+    // pass 1: read the row once (8 loads in flight per thread), cache the keys, histogram the high byte
     for (int i = tid; i < 256; i += TK_THREADS) hist[i] = 0;
     __syncthreads();
-    for (int base = 0; base < S; base += TK_THREADS) {
-        int s = base + tid;
-        g_hist_add(hist, s < S ? (int)(g_score_key(row[s]) >> 8) : -1);
+    for (int base = 0; base < S; base += TK_THREADS * 8) {
+        uint32_t kv[8];
+#pragma unroll
+        for (int u = 0; u < 8; u++) {
+            int s = base + u * TK_THREADS + tid;
+            kv[u] = s < S ? g_score_key(row[s]) : 0xffffffffu;
+        }
+#pragma unroll
+        for (int u = 0; u < 8; u++) {
+            int s = base + u * TK_THREADS + tid;
+            if (cache && s < S) keys[s] = (uint16_t)kv[u];
+            g_hist_add(hist, s < S ? (int)(kv[u] >> 8) : -1);
+        }
     }
     __syncthreads();
     if (tid == 0) {
@@ -162,7 +158,7 @@ g_topk_kernel(const float *__restrict__ I, const int32_t *__restrict__ visible, 
     const uint32_t hi = (uint32_t)sel_hi;
     for (int base = 0; base < S; base += TK_THREADS) {
         int s = base + tid, bin = -1;
-        if (s < S) { uint32_t key = g_score_key(row[s]); if ((key >> 8) == hi) bin = (int)(key & 255); }
+        if (s < S) { uint32_t key = key_at(s); if ((key >> 8) == hi) bin = (int)(key & 255); }
         g_hist_add(hist, bin);
     }
     __syncthreads();
@@ -180,19 +176,41 @@ g_topk_kernel(const float *__restrict__ I, const int32_t *__restrict__ visible, 
     const uint32_t thr = (hi << 8) | (uint32_t)sel_lo;
     const int need = kk - above;          // how many keys equal to thr are taken (lowest positions)
     const int vis = visible[t];
-    // ordered compaction: thread owns the contiguous positions [s0, s1)
-    const int per = (S + TK_THREADS - 1) / TK_THREADS;
-    const int s0 = min(S, tid * per), s1 = min(S, s0 + per);
-    int n_gt = 0, n_eq = 0, tot;
-    for (int s = s0; s < s1; s++) { uint32_t key = g_score_key(row[s]); n_gt += key > thr; n_eq += key == thr; }
-    int eq_before = g_block_scan(n_eq, wsum, &tot);
-    int take_eq = max(0, min(n_eq, need - eq_before));
-    int pos = g_block_scan(n_gt + take_eq, wsum, &tot);
-    for (int s = s0; s < s1; s++) {
-        uint32_t key = g_score_key(row[s]);
-        bool sel = key > thr;
-        if (key == thr && take_eq > 0) { sel = true; take_eq--; }
-        if (sel) orow[pos++] = s < vis ? s : -1;
+    // ordered compaction: warp w owns a contiguous range, walked 32 positions at a time
+    const int per_w = ((S + 32 * 32 - 1) / (32 * 32)) * 32;
+    const int ws0 = min(S, warp * per_w), ws1 = min(S, ws0 + per_w);
+    const unsigned lt = (1u << lane) - 1u;
+    int n_gt = 0, n_eq = 0;
+    for (int b0 = ws0; b0 < ws1; b0 += 32) {
+        int s = b0 + lane;
+        uint32_t key = s < ws1 ? key_at(s) : 0;
+        n_gt += __popc(__ballot_sync(0xffffffffu, s < ws1 && key > thr));
+        n_eq += __popc(__ballot_sync(0xffffffffu, s < ws1 && key == thr));
+    }
+    if (lane == 0) { wcnt[0][warp] = n_eq; wcnt[1][warp] = n_gt; }
+    __syncthreads();
+    if (warp == 0) {   // exclusive scans over the 32 warps: ties before, then output offsets
+        int e = wcnt[0][lane], ei = e;
+        for (int o = 1; o < 32; o <<= 1) { int n = __shfl_up_sync(0xffffffffu, ei, o); if (lane >= o) ei += n; }
+        int eq_before = ei - e;
+        int quota = max(0, min(e, need - eq_before));
+        int sc = wcnt[1][lane] + quota, si = sc;
+        for (int o = 1; o < 32; o <<= 1) { int n = __shfl_up_sync(0xffffffffu, si, o); if (lane >= o) si += n; }
+        wpre[0][lane] = quota;
+        wpre[1][lane] = si - sc;
+    }
+    __syncthreads();
+    int quota = wpre[0][warp], posb = wpre[1][warp], eq_seen = 0;
+    for (int b0 = ws0; b0 < ws1; b0 += 32) {
+        int s = b0 + lane;
+        uint32_t key = s < ws1 ? key_at(s) : 0;
+        bool eq = s < ws1 && key == thr;
+        unsigned beq = __ballot_sync(0xffffffffu, eq);
+        bool sel = (s < ws1 && key > thr) || (eq && eq_seen + __popc(beq & lt) < quota);
+        unsigned bsel = __ballot_sync(0xffffffffu, sel);
+        if (sel) orow[posb + __popc(bsel & lt)] = s < vis ? s : -1;
+        posb += __popc(bsel);
+        eq_seen += __popc(beq);
     }
     for (int j = kk + tid; j < k; j += TK_THREADS) orow[j] = -1;
 }
@@ -201,7 +219,10 @@ extern "C" int v41g_topk(const float *I, const int32_t *visible, int T, int S, i
                          uint8_t *tie_cut, v41g_stream s)
 {
     if (T <= 0 || k <= 0) return 0;
-    g_topk_kernel<<<T, TK_THREADS, 0, G_STREAM(s)>>>(I, visible, S, k, out, tie_cut);
+    int cache = (size_t)S * 2 <= TK_SMEM_MAX;
+    size_t sm = cache ? (size_t)S * 2 : 0;
+    if (cache) G_CHECK(cudaFuncSetAttribute(g_topk_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, TK_SMEM_MAX));
+    g_topk_kernel<<<T, TK_THREADS, sm, G_STREAM(s)>>>(I, visible, S, k, out, tie_cut, cache);
     G_LAUNCHED();
     return 0;
 }

@@ -136,12 +136,19 @@ int v41_bisect_run(const v41_model *m, const v41_run_inputs *in, const v41_bisec
     o.progress = cfg->progress;
     o.command = cfg->command;
     /* A: reference, never injected (an empty spec also masks V41_INJECT) */
+    /* A's dump must hold every forcing point whatever --taps selects */
+    char a_taps[2048];
+    if (c->taps && *c->taps)
+        snprintf(a_taps, sizeof a_taps, "%s,*.stream.in,*.premix.in,*.stream.mid,*.hc.attn.pre,*.indexer.topk,"
+                 "*.candidate.mask,tokens", c->taps);
     if (!rc) {
         o.side = cfg->a;
+        o.taps = c->taps && *c->taps ? a_taps : NULL;
         o.inject = "";
         rc = v41_run_model(m, in, &o, res->a_path, NULL, tok_a, err);
         if (rc) v41_err_prefix(err, "side A (%s)", res->a_name);
     }
+    o.taps = c->taps;
     if (!rc) {
         o.side = cfg->b;
         o.inject = cfg->inject ? cfg->inject : "";
@@ -154,7 +161,10 @@ int v41_bisect_run(const v41_model *m, const v41_run_inputs *in, const v41_bisec
     if (!rc && cfg->forced_only_if_differ) {
         v41_dump_reader *rb = NULL;
         rc = v41_dump_open(res->b_path, &rb, err);
-        if (!rc) rc = v41_diff_readers(ra, rb, cfg->dopts, &res->prop, err);
+        v41_diff_opts dop;
+        if (cfg->dopts) dop = *cfg->dopts; else v41_diff_opts_default(&dop);
+        if (c->taps && *c->taps) dop.ignore_missing = true;
+        if (!rc) rc = v41_diff_readers(ra, rb, &dop, &res->prop, err);
         v41_dump_reader_close(rb);
         skip_forced = !rc && res->prop->n_fail == 0;
     }
@@ -175,8 +185,12 @@ int v41_bisect_run(const v41_model *m, const v41_run_inputs *in, const v41_bisec
         v41_dump_reader *rb = NULL, *rbf = NULL;
         rc = v41_dump_open(res->b_path, &rb, err);
         if (!rc) rc = v41_dump_open(res->bf_path, &rbf, err);
-        if (!rc && !res->prop) rc = v41_diff_readers(ra, rb, cfg->dopts, &res->prop, err);
-        if (!rc) rc = v41_diff_readers(ra, rbf, cfg->dopts, &res->local, err);
+        /* with --taps, A also holds the forcing points B did not dump: not a difference */
+        v41_diff_opts dop;
+        if (cfg->dopts) dop = *cfg->dopts; else v41_diff_opts_default(&dop);
+        if (c->taps && *c->taps) dop.ignore_missing = true;
+        if (!rc && !res->prop) rc = v41_diff_readers(ra, rb, &dop, &res->prop, err);
+        if (!rc) rc = v41_diff_readers(ra, rbf, &dop, &res->local, err);
         v41_dump_reader_close(rb);
         v41_dump_reader_close(rbf);
     }
@@ -217,6 +231,8 @@ void v41_bisect_print(const v41_bisect_result *r, FILE *f, bool all)
             r->inject);
     fprintf(f, "LOCAL = B run on A's inputs at every forcing point (%ld values forced); PROPAGATED = B free run.\n",
             r->forced_hits);
+    if (r->forced_hits == 0)
+        fprintf(f, "WARNING: engine B asked for no forcing point (no teacher forcing support?): LOCAL is a free run\n");
     fprintf(f, "nrmse = RMS(b-a)/RMS(a), worst tap of the group; taps = failing/compared; flips = taps with decision flips\n\n");
     fprintf(f, "%-5s %-5s %-10s | %-9s %-9s %-7s %-5s %-4s | %-9s %-9s %-7s %-5s %-4s\n", "step", "layer", "sublayer",
             "local", "max|d|", "taps", "flips", "", "propag.", "max|d|", "taps", "flips", "");

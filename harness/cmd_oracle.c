@@ -23,6 +23,7 @@
 #include "v41_cli.h"
 #include "v41_engine.h"
 #include "v41_tap.h"
+#include "v41_dump.h"
 #include <cjson/cJSON.h>
 #include <hdf5.h>
 #include <math.h>
@@ -44,6 +45,7 @@ typedef struct stap {
 typedef struct store {
     stap *t;
     int n, cap;
+    v41_dump *dump;           /* --dump: every tap is also written there */
 } store;
 
 static int64_t numel(int ndim, const int64_t *s)
@@ -58,6 +60,10 @@ static size_t esize(v41_tap_kind k) { return k == V41_TAP_U8 ? 1 : 4; }
 static int store_emit(void *ctx, const v41_tap *tp)
 {
     store *S = ctx;
+    if (S->dump) {
+        v41_err e2 = {0};
+        if (v41_dump_write_tap(S->dump, tp, &e2)) return 1;
+    }
     if (S->n == S->cap) {
         int nc = S->cap ? 2 * S->cap : 256;
         stap *nt = realloc(S->t, sizeof(stap) * (size_t)nc);
@@ -561,18 +567,20 @@ static int force_fetch(void *vctx, const char *name, int step, v41_tap_kind kind
 static void usage(FILE *f)
 {
     fprintf(f, "usage: v41 oracle-check MODEL_DIR GOLDEN.h5 [--compat official|fixed] [--json] [--engine ref]\n"
-               "                        [--threads N] [--steps N] [--verbose]\n\n"
+               "                        [--free] [--dump OUT.h5] [--threads N] [--steps N] [--verbose]\n\n"
                "Replays the golden file's inputs (prefill of /prompt_ids, each decode step fed\n"
                "/stepKK/input_ids, DSpark after every step) through the engine in emulate mode and\n"
                "compares every captured tensor step by step and layer by layer, caches included.\n"
                "--compat: index-key semantics (default: fixed when the file has the root attribute\n"
                "index_k_semantics=\"fixed\", else official). Prints per-tensor max |diff|, rms, cosine,\n"
-               "tolerance and pass; failing tensors first. Exit 0: all pass, 1: differences, 2: error.\n");
+               "tolerance and pass; failing tensors first. Each layer starts from the golden stream and\n"
+               "pre-mix entering it (teacher forcing); --free runs without (informational). --dump writes\n"
+               "every tap of the replay as a v41 dump. Exit 0: all pass, 1: differences, 2: error.\n");
 }
 
 int v41_cmd_oracle_check(int argc, char **argv)
 {
-    const char *model_dir = NULL, *golden = NULL, *compat_s = NULL;
+    const char *model_dir = NULL, *golden = NULL, *compat_s = NULL, *dump_path = NULL;
     bool json = false, verbose = false, free_run = false;
     int threads = 0, max_steps = -1;
     for (int i = 1; i < argc; i++) {
@@ -585,10 +593,7 @@ int v41_cmd_oracle_check(int argc, char **argv)
         else if (!strcmp(argv[i], "--steps") && i + 1 < argc) max_steps = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--engine") && i + 1 < argc) {
             if (strcmp(argv[++i], "ref")) { fprintf(stderr, "oracle-check: only --engine ref is supported\n"); return 2; }
-        } else if (!strcmp(argv[i], "--dump") && i + 1 < argc) {
-            fprintf(stderr, "oracle-check: --dump is not implemented (use `v41 run`)\n");
-            return 2;
-        } else if (argv[i][0] == '-') { fprintf(stderr, "oracle-check: unknown option %s\n", argv[i]); usage(stderr); return 2; }
+        } else if (!strcmp(argv[i], "--dump") && i + 1 < argc) dump_path = argv[++i]; else if (argv[i][0] == '-') { fprintf(stderr, "oracle-check: unknown option %s\n", argv[i]); usage(stderr); return 2; }
         else if (!model_dir) model_dir = argv[i];
         else if (!golden) golden = argv[i];
         else { usage(stderr); return 2; }
@@ -633,6 +638,19 @@ int v41_cmd_oracle_check(int argc, char **argv)
     o.threads = threads;
     o.max_requests = C.B;
     if (v41_ref_engine_create(m, &o, &C.e, &err)) { fprintf(stderr, "oracle-check: %s\n", err.msg); goto out; }
+    if (dump_path) {
+        char fp[17];
+        v41_weights_fingerprint(m->w, fp);
+        char *cj = v41_config_to_json(&m->cfg);
+        v41_dump_meta meta = {.engine = "ref", .precision = "emulate",
+                              .compat = compat == V41_COMPAT_OFFICIAL ? "official" : "fixed",
+                              .config_json = cj ? cj : "", .weights_fingerprint = fp, .replay = "off",
+                              .blas = V41_BLAS_NAME, .gpu = "", .inject = "", .command = "v41 oracle-check",
+                              .model = model_dir, .threads = threads};
+        int drc = v41_dump_create(dump_path, &meta, &C.S.dump, &err);
+        free(cj);
+        if (drc) { fprintf(stderr, "oracle-check: %s\n", err.msg); goto out; }
+    }
     v41_tap_sink sink = {store_emit, &C.S, NULL};
     v41_tap_source src = {force_fetch, &C,
                           free_run ? "*.indexer.topk,*.candidate.mask"
@@ -659,6 +677,14 @@ int v41_cmd_oracle_check(int argc, char **argv)
             rq[b].tokens = tok + b * C.seqlen;
         }
         v41_batch batch = {C.B, rq};
+        if (C.S.dump) {
+            int n = C.B * C.seqlen;
+            int32_t *rr = malloc(sizeof(int32_t) * (size_t)n), *pp = malloc(sizeof(int32_t) * (size_t)n);
+            for (int i = 0; i < n; i++) { rr[i] = i / C.seqlen; pp[i] = C.start_pos + i % C.seqlen; }
+            int drc = v41_dump_set_rows(C.S.dump, C.step, n, rr, pp, &err);
+            free(rr); free(pp);
+            if (drc) { fprintf(stderr, "oracle-check: %s\n", err.msg); free(tok); free(rq); free(in); goto out; }
+        }
         v41_out outp;
         int frc = v41_engine_forward(C.e, &batch, &outp, &err);
         free(in);
@@ -765,7 +791,13 @@ int v41_cmd_oracle_check(int argc, char **argv)
                nfail ? "FAIL" : "PASS", nfail, C.nres, ndisc_fail, C.adopted);
     }
     rc = nfail ? 1 : 0;
+    if (C.S.dump) {
+        v41_dump *d = C.S.dump;
+        C.S.dump = NULL;
+        if (v41_dump_close(d, &err)) { fprintf(stderr, "oracle-check: --dump: %s\n", err.msg); rc = 2; }
+    }
 out:
+    if (C.S.dump) v41_dump_abort(C.S.dump);
     free(prompt);
     if (C.e) v41_engine_destroy(C.e);
     store_clear(&C.S);

@@ -422,7 +422,22 @@ int v41_cmd_parity(int argc, char **argv)
         char *ov[] = {"oracle-check", (char *)c.model, golden, "--threads", thr, NULL};
         if (!c.json) printf("oracle: v41 oracle-check %s %s\n", c.model, golden);
         fflush(stdout);
+        /* its full table goes to a temp file; parity shows the last line (the summary) */
+        FILE *cap = tmpfile();
+        int saved = cap ? dup(1) : -1;
+        if (saved >= 0) dup2(fileno(cap), 1);
         oracle_rc = v41_cmd_oracle_check(5, ov);
+        fflush(stdout);
+        if (saved >= 0) {
+            dup2(saved, 1);
+            close(saved);
+            char line[512], last[512] = "";
+            rewind(cap);
+            while (fgets(line, sizeof line, cap))
+                if (line[0] != '\n') snprintf(last, sizeof last, "%s", line);
+            if (!c.json && last[0]) printf("  %s", last);
+        }
+        if (cap) fclose(cap);
         if (!c.json) printf("oracle verdict: %s\n", oracle_rc == 0 ? "ref matches the official code" : oracle_rc == 1 ? "ref DIFFERS from the official code" : "oracle check failed to run");
     }
     free(notes);

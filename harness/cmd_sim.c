@@ -17,6 +17,7 @@ static void usage(FILE *f)
 "       v41 sim --synth SPEC --write-trace FILE write the synthetic trace as Mooncake JSONL\n"
 "       v41 sim ... --sweep 'P=v1,v2;Q=...' --out DIR [--sweep-index I|all]\n"
 "       v41 sim --merge DIR... [--merge-out FILE.csv]\n"
+"       v41 sim --validate SERVE.json [--profile P | --fit]   predicted vs measured step latency\n"
 "\n"
 "Discrete-event simulation of continuous-batching replicas serving a trace, with\n"
 "per-step cost from the model's FLOP/byte counts and measured or roofline rates.\n"
@@ -359,6 +360,7 @@ int v41_cmd_sim(int argc, char **argv)
     for (int i = 1; i < argc; i++)
         if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) { usage(stdout); return 0; }
     if (argc < 2) { usage(stderr); return 2; }
+    if (!strcmp(argv[1], "--validate")) return v41_sim_validate(argc, argv);
     /* merge mode */
     if (!strcmp(argv[1], "--merge")) {
         const char *mout = NULL;

@@ -509,8 +509,15 @@ void v41_diff_print(const v41_diff_report *r, FILE *f, bool verbose)
 {
     fprintf(f, "A (reference): %s [%s]\nB: %s [%s]\ndefault tolerances: %s level\n", r->a_path, r->a_desc, r->b_path,
             r->b_desc, r->tol_level);
-    for (size_t i = 0; i < r->n; i++)
-        if (verbose || r->t[i].status != V41_DIFF_SAME) v41_diff_print_tensor(&r->t[i], f);
+    long shown = 0, more = 0;
+    for (size_t i = 0; i < r->n; i++) {
+        if (!verbose && r->t[i].status == V41_DIFF_SAME) continue;
+        /* differences-only report: the first 50 (and the first flip) are enough to act on */
+        if (!verbose && shown >= 50 && (long)i != r->first_flip) { more++; continue; }
+        v41_diff_print_tensor(&r->t[i], f);
+        shown++;
+    }
+    if (more) fprintf(f, "... %ld more differing taps (--verbose lists every tap, --json all metrics)\n", more);
     v41_diff_print_summary(r, f);
 }
 

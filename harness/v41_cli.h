@@ -25,6 +25,8 @@ int v41_cmd_taps(int argc, char **argv);
 /* bench sub-targets (v41 bench ref|gpu) */
 int v41_bench_ref(int argc, char **argv);
 int v41_bench_gpu(int argc, char **argv);
+/* v41 sim --validate (harness/sim_validate.c) */
+int v41_sim_validate(int argc, char **argv);
 
 /* true when stderr is a terminal (progress lines are shown only then) */
 int v41_isatty_stderr(void);

@@ -45,7 +45,7 @@ typedef struct v41_diff_flip {
     int32_t extra[V41_DIFF_FLIP_ITEMS];
 } v41_diff_flip;
 
-#define V41_DIFF_MAX_FLIPS 8
+#define V41_DIFF_MAX_FLIPS 4
 typedef struct v41_diff_tensor {
     int step;
     char name[V41_DUMP_NAME_MAX];

@@ -661,6 +661,28 @@ static int compressor(ref_engine *E, fwd *F, int l, const float *x, int *emitted
         }
         free(k);
     }
+    /* forcing points: the compressed KV and index-key rows other layers will read */
+    if (!rc && E->e.force) {
+        int Lm = 0;
+        for (int q = 0; q < F->nr; q++) Lm = F->R[q].E / m > Lm ? F->R[q].E / m : Lm;
+        for (int which = 0; which < 2 && !rc && Lm > 0; which++) {
+            const int w = which ? dI : d;
+            float *buf = calloc((size_t)F->nr * Lm * w, sizeof(float));
+            if (!buf) { rc = v41_err_set(err, V41_ENOMEM, "out of memory"); break; }
+            for (int q = 0; q < F->nr; q++)
+                memcpy(buf + (size_t)q * Lm * w, which ? F->R[q].st->ik[l] : F->R[q].st->ckv[l],
+                       sizeof(float) * (size_t)(F->R[q].E / m) * w);
+            char nm[128];
+            lname(E, nm, sizeof nm, l, which ? "cache.index_k" : "cache.compressed");
+            int fr = force_pt(E, nm, V41_TAP_BF16, buf, 3, F->nr, Lm, w, err);
+            if (fr < 0) rc = err->code;
+            else if (fr == 1)
+                for (int q = 0; q < F->nr; q++)
+                    memcpy(which ? F->R[q].st->ik[l] : F->R[q].st->ckv[l], buf + (size_t)q * Lm * w,
+                           sizeof(float) * (size_t)(F->R[q].E / m) * w);
+            free(buf);
+        }
+    }
 done:
     free(kv); free(sc); free(lat); free(lat_req); free(lat_j);
     return rc;
@@ -744,9 +766,7 @@ static int indexer(ref_engine *E, fwd *F, int l, const float *x, const float *qr
                 float tot = 0.0f;
                 for (int h = 0; h < nI; h++) {
                     const float *qh = q + ((size_t)t * nI + h) * dI;
-                    float dot = 0.0f;
-                    if (ks)
-                        for (int j = 0; j < dI; j++) dot += qh[j] * ks[j];
+                    float dot = ks ? v41_dot(qh, ks, dI) : 0.0f;
                     if (emu) dot = v41_bf16r(dot);
                     if (relu && dot < 0) dot = 0.0f;
                     float pr = dot * w[(size_t)t * nI + h];
@@ -1620,6 +1640,7 @@ static int ref_forward(v41_engine *e, const v41_batch *b, v41_out *out, v41_err 
         rc = v41_linear(&S0->main_proj, mh, T, x, E->emu, err);
         if (rc) goto done;
         for (int t = 0; t < T; t++) v41_rmsnorm(x + (size_t)t * D, S0->main_norm, D, c->norm_eps, x + (size_t)t * D, E->emu);
+        if (E->e.force && force_pt(E, "dspark.main_x", V41_TAP_BF16, x, 2, T, D, 0, err) < 0) { rc = err->code; goto done; }
         GTAP(E, "dspark.main_x", V41_TAP_BF16, x, 2, T, D, 0, 0);
         rc = dspark_seed(E, &F, x, err);
         if (rc) goto done;
@@ -1737,6 +1758,8 @@ int v41_ref_engine_create(const v41_model *m, const v41_engine_opts *o, v41_engi
     E->cfg = &m->cfg;
     const v41_config *c = E->cfg;
     E->emu = E->e.opts.precision == V41_PREC_EMULATE;
+    /* the engine threads over weight chunks itself (OpenMP); each sgemm runs on one thread */
+    v41_blas_single_thread();
     E->threads = E->e.opts.threads;
     E->max_seq = E->e.opts.max_seq_len > 0 ? E->e.opts.max_seq_len : c->max_seq_len;
     if (E->max_seq <= 0) E->max_seq = 4096;

@@ -60,9 +60,11 @@ static int dequant_fast(const v41_tensor *w, const v41_tensor *sc, int64_t r0, i
     const uint8_t *d = w->data;
     if (r0 < 0 || r0 + nr > N) return v41_dequant_rows(w, sc, r0, nr, out, err);
     if (w->dtype == V41_DT_BF16 && !sc) {
-        const uint16_t *b = w->data;
+        const uint8_t *b = d + (size_t)r0 * K * 2;
         for (int64_t i = 0; i < nr * K; i++) {
-            uint32_t u = (uint32_t)b[r0 * K + i] << 16;
+            uint16_t h;
+            memcpy(&h, b + 2 * i, 2);
+            uint32_t u = (uint32_t)h << 16;
             memcpy(out + i, &u, 4);
         }
         return V41_OK;
@@ -138,6 +140,13 @@ void v41_sgemm_tiled(const float *A, int64_t lda, int64_t M, const float *B, int
     }
     free(At);
     free(Ct);
+}
+
+void v41_blas_single_thread(void)
+{
+#ifdef OPENBLAS_VERSION
+    openblas_set_num_threads(1);
+#endif
 }
 
 int v41_linear(const v41_lin *L, const float *x, int64_t M, float *y, bool emu, v41_err *err)
@@ -330,9 +339,7 @@ void v41_sparse_attn_row(const float *q, int H, int d, const float *const *kp, i
             for (int j = 0; j < cn; j++) {
                 const float *k = kp[c0 + j];
                 if (!k) { s[j] = -INFINITY; continue; }
-                float dot = 0.0f;
-                for (int i = 0; i < d; i++) dot += qh[i] * k[i];
-                s[j] = dot * scale;
+                s[j] = v41_dot(qh, k, d) * scale;
                 if (s[j] > cmax) cmax = s[j];
             }
             float mnew = m > cmax ? m : cmax;
@@ -345,11 +352,12 @@ void v41_sparse_attn_row(const float *q, int H, int d, const float *const *kp, i
             sum = sum * sc + psum;
             for (int i = 0; i < d; i++) pv[i] = 0.0f;
             for (int j = 0; j < cn; j++) {
-                const float *k = kp[c0 + j];
+                const float *restrict k = kp[c0 + j];
                 if (!k) continue;
                 float pj = emu ? v41_bf16r(p[j]) : p[j];
                 if (pj == 0.0f) continue;
-                for (int i = 0; i < d; i++) pv[i] += pj * k[i];
+                float *restrict pvr = pv;
+                for (int i = 0; i < d; i++) pvr[i] += pj * k[i];
             }
             for (int i = 0; i < d; i++) acc[i] = acc[i] * sc + pv[i];
             m = mnew;

@@ -35,6 +35,20 @@ static inline void v41_bf16r_n(float *x, size_t n, bool emu)
         for (size_t i = 0; i < n; i++) x[i] = v41_bf16r(x[i]);
 }
 
+/* Dot product in a fixed order: 8 interleaved fp32 partial sums (lane j takes
+ * i = j mod 8), combined pairwise, then the tail. Vectorizable without
+ * reassociation; the same order for every call, so deterministic. */
+static inline float v41_dot(const float *restrict a, const float *restrict b, int n)
+{
+    float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    int i = 0;
+    for (; i + 8 <= n; i += 8)
+        for (int j = 0; j < 8; j++) acc[j] += a[i + j] * b[i + j];
+    float s = ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
+    for (; i < n; i++) s += a[i] * b[i];
+    return s;
+}
+
 /* ---- GEMM ---------------------------------------------------------------- */
 
 /* How a Linear computes (SPEC §2):
@@ -59,6 +73,8 @@ typedef struct v41_lin {
 /* y[M, N] = x[M, K] . W^T. emu=false: fp32 mode (no activation quantization,
  * one fp32 GEMM over all of K, fp32 output). Threaded over column chunks. */
 int v41_linear(const v41_lin *L, const float *x, int64_t M, float *y, bool emu, v41_err *err);
+/* OpenBLAS: one thread per sgemm call (the engine threads over chunks with OpenMP). */
+void v41_blas_single_thread(void);
 /* Same with an explicit input row stride and output row stride. */
 int v41_linear_ld(const v41_lin *L, const float *x, int64_t ldx, int64_t M, float *y, int64_t ldy,
                   bool emu, v41_err *err);

@@ -37,6 +37,7 @@ compressed-visible-one-group-early@3 3 attention
 indexer-relu-dropped@4 4 attention
 router-bias-in-weights@2 2 ffn
 sink-dropped@8 8 dspark
+sink-dropped 0 attention
 LIST
 [ $nfail = 0 ] || exit 1
 echo "test_faults: ok"

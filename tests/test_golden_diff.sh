@@ -1,5 +1,5 @@
 #!/bin/sh
-# The oracle's golden_fixed.h5, converted into the dump schema by
+# The oracle's golden_fixed.h5 (and golden.h5 with --compat official), converted into the dump schema by
 # harness/python/golden_to_v41.py, against a ref run of the same inputs:
 # `v41 diff` must pass. The ref run is teacher-forced from the converted
 # golden at the layer inputs (stream, pre-mix) and the shared top-k /
@@ -35,6 +35,15 @@ for t in "step0000 layer.0.attn.q " "step0003 layer.4.indexer.topk " "step0002 l
 done
 n=$(grep -c "^same " "$T/out")
 [ "$n" -gt 2000 ] || fail "only $n taps compared"
+# golden.h5 (the published code's index-key semantics) against ref --compat official
+if [ -f "$O/golden.h5" ]; then
+  "$PY" "$S/harness/python/golden_to_v41.py" "$O/golden.h5" "$T/golden_off.h5" --v41 "$V41" >"$T/out" 2>&1 || fail "converter (golden.h5)"
+  "$V41" run "$O" --compat official --prompt-ids "$T/prompts.txt" --steps "$steps" --dspark --threads 1 --dump "$T/ref_off.h5" \
+    --force-from "$T/golden_off.h5" --force-taps '*.stream.in,*.premix.in,*.indexer.topk,*.candidate.mask' >"$T/out" 2>&1 \
+    || fail "ref run (official)"
+  "$V41" diff --ignore-missing "$T/golden_off.h5" "$T/ref_off.h5" >"$T/out" 2>&1; rc=$?
+  [ $rc = 0 ] || fail "golden.h5 vs ref --compat official: exit $rc"
+fi
 # and a free (unforced) run is NOT the same: the diff detects the divergence
 "$V41" run "$O" --prompt-ids "$T/prompts.txt" --steps 2 --threads 1 --dump "$T/free.h5" >"$T/out" 2>&1 || fail "free run"
 "$V41" diff --quiet --ignore-missing --only 'layer.*' "$T/golden.h5" "$T/free.h5"; rc=$?

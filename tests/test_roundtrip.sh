@@ -78,5 +78,56 @@ except ValueError:
     pass
 assert not os.path.exists(f"{d}/bad.h5") and not os.path.exists(f"{d}/bad.h5.tmp")
 PY
+# TorchHooks against a stand-in torch (torch itself is not a dependency): the
+# hooked module outputs land as taps, [B,S,...] merged to rows, bf16 -> kind bf16
+PYTHONPATH="$S/harness/python" "$PY" - "$T" <<'PY' || fail "TorchHooks"
+import sys, types, numpy as np
+torch = types.ModuleType("torch")
+torch.bfloat16, torch.float16, torch.float32 = "bf16", "f16", "f32"
+class Tensor:
+    def __init__(self, a, dtype="f32"): self.a, self.dtype = np.asarray(a), dtype
+    def is_floating_point(self): return self.a.dtype.kind == "f"
+    def detach(self): return self
+    def float(self): return Tensor(self.a.astype(np.float32))
+    def cpu(self): return self
+    def numpy(self): return self.a
+class Module:
+    def __init__(self, **kids): self.kids, self.hooks = kids, []
+    def named_modules(self, prefix=""):
+        yield prefix, self
+        for k, m in self.kids.items():
+            yield from m.named_modules(prefix + ("." if prefix else "") + k)
+    def register_forward_hook(self, fn):
+        self.hooks.append(fn)
+        h = types.SimpleNamespace(remove=lambda: self.hooks.remove(fn))
+        return h
+    def __call__(self, x):
+        y = self.forward(x)
+        for fn in self.hooks: fn(self, (x,), y)
+        return y
+class Lin(Module):
+    def __init__(self, s): super().__init__(); self.s = s
+    def forward(self, x): return Tensor(x.a * self.s, "bf16")
+class Net(Module):
+    def forward(self, x):
+        h = self.kids["l0"](x)
+        return Tensor(self.kids["head"](h).a.astype(np.int32))
+torch.Tensor = Tensor
+sys.modules["torch"] = torch
+from v41dump import DumpWriter, DumpReader, TorchHooks
+net = Net(l0=Lin(2.0), head=Lin(0.5))
+d = sys.argv[1]
+with DumpWriter(f"{d}/hooks.h5", engine="pytorch") as w:
+    hooks = TorchHooks(w, net, {"l0": "layer.0.attn.out", "head": "logits"})
+    hooks.step = 0; net(Tensor(np.ones((2, 3, 4), np.float32)))
+    hooks.step = 1; net(Tensor(np.ones((2, 1, 4), np.float32)))
+    hooks.remove()
+with DumpReader(f"{d}/hooks.h5") as r:
+    t = {(s, n): at for s, n, at in r.taps()}
+    assert t[(0, "layer.0.attn.out")]["kind"] == "bf16" and t[(0, "layer.0.attn.out")]["shape"] == (6, 4), t
+    assert t[(0, "layer.0.attn.out")]["layer"] == 0 and t[(1, "logits")]["shape"] == (2, 4), t
+    assert float(r.read(1, "logits")[0, 0]) == 1.0
+PY
+"$V41" diff "$T/hooks.h5" "$T/hooks.h5" >"$T/out" 2>&1 || fail "C diff of a TorchHooks dump"
 echo "test_roundtrip: ok"
 exit 0

@@ -38,6 +38,15 @@ assert all(x == 0.0 for x in r["layer_rel_rms"] if x is not None), r["layer_rel_
 assert r["layer_rows_saved"] == 0, "prompts of W rows keep every row"
 print("replay-study: prompts <= W unchanged by trimming")
 PYEOF
+# the simulator costs every measured step of the serve-trace run (predicted vs measured latency)
+"$V41" sim --validate "$tmp/spec.json" --fit --json > "$tmp/val.json"
+"$PY" - "$tmp/val.json" <<'PYEOF'
+import json, sys
+v = json.load(open(sys.argv[1]))
+assert v["schema"] == "v41-sim-validate/1" and v["steps"] >= 4 and v["evaluated"] == v["steps"] // 2, v
+assert all(p >= 0 for _, p in v["per_step"]) and v["median_abs_rel_err"] >= 0, v
+print("sim --validate: %d steps, held-out median error %.1f%%" % (v["steps"], 100 * v["median_abs_rel_err"]))
+PYEOF
 printf '{"timestamp": 0, "input_length": 10, "output_length": 2, "hash_ids": [1]}\n{"timestamp": 1, "input_length": "x"}\n' > "$tmp/bad.jsonl"
 set +e
 "$V41" serve-trace --trace "$tmp/bad.jsonl" --limit 2 2>"$tmp/err"

@@ -40,10 +40,19 @@ for what in "$@"; do
   tests) ./tests/test_gpu_kernels > "$OUT/tests.log" 2>&1; echo "tests rc=$?"; grep -E "^[0-9]+%|Fail|Error|error" "$OUT/tests.log" | head -40 ;;
   memcheck) CK_TIMEOUT_MULTIPLIER=20 compute-sanitizer --tool memcheck --target-processes all --print-limit 20 \
               ./tests/test_gpu_kernels > "$OUT/memcheck.log" 2>&1; echo "memcheck rc=$?"; grep -E "ERROR SUMMARY|^[0-9]+%" "$OUT/memcheck.log" | sort | uniq -c | head ;;
-  racecheck) CK_TIMEOUT_MULTIPLIER=40 CK_RUN_CASE=${RACE_CASE:-indexer} compute-sanitizer --tool racecheck --target-processes all \
-              --print-limit 20 ./tests/test_gpu_kernels > "$OUT/racecheck.log" 2>&1; echo "racecheck rc=$?"; grep -E "ERROR SUMMARY|RACECHECK SUMMARY|^[0-9]+%" "$OUT/racecheck.log" | sort | uniq -c | head ;;
+  racecheck) : > "$OUT/racecheck.log"
+     for tc in ${RACE_CASES:-attention indexer small moe}; do
+       CK_TIMEOUT_MULTIPLIER=40 CK_RUN_CASE=$tc compute-sanitizer --tool racecheck --target-processes all \
+         --print-limit 20 ./tests/test_gpu_kernels >> "$OUT/racecheck.log" 2>&1; echo "racecheck $tc rc=$?"
+     done
+     grep -E "RACECHECK SUMMARY|^[0-9]+%" "$OUT/racecheck.log" | sort | uniq -c | head ;;
   bench) ./gpu/bench/v41_gpu_bench --json "$OUT/profile.json" ${BENCH_ARGS:-} > "$OUT/bench.log" 2>&1; echo "bench rc=$?" ;;
   quickbench) ./gpu/bench/v41_gpu_bench --quick --json "$OUT/profile.json" ${BENCH_ARGS:-} > "$OUT/bench.log" 2>&1; echo "bench rc=$?" ;;
+  benchmemcheck) compute-sanitizer --tool memcheck --print-limit 10 ./gpu/bench/v41_gpu_bench --quick --reps 1 \
+         --only ${MC_ONLY:-attn} > "$OUT/benchmemcheck.log" 2>&1; echo "benchmemcheck rc=$?"; grep -E "ERROR SUMMARY|Invalid|at .*0x|by thread" "$OUT/benchmemcheck.log" | head -12 ;;
+  ncu) ncu --clock-control none -k regex:${NCU_KERNEL:-g_sparse_attn_kernel} -c 1 --section SpeedOfLight --section WarpStateStats \
+         --section Occupancy --section LaunchStats --section MemoryWorkloadAnalysis --section SchedulerStats \
+         ./gpu/bench/v41_gpu_bench --quick --only ${NCU_ONLY:-attn} > "$OUT/ncu.log" 2>&1; echo "ncu rc=$?" ;;
   torch) (cd "$TOP" && PYTHONUNBUFFERED=1 python3 gpu/bench/torch_layer.py --json "$OUT/torch.json") > "$OUT/torch.log" 2>&1; echo "torch rc=$?"; tail -15 "$OUT/torch.log" ;;
   esac
   echo "$what: $(( $(date +%s) - t0 )) s"

@@ -239,9 +239,11 @@ class TorchHooks:
 
     name_map: module path (as in model.named_modules()) -> tap name, or ->
     callable(module, inputs, output) returning a list of (tap name, tensor)
-    pairs. Tensors are flattened to [rows, ...] by `rows_first` (default:
-    merge batch and sequence dims when the output is [B, S, ...] and
-    merge_batch is True). bf16/fp16 tensors are written with kind bf16."""
+    pairs. With merge_batch=True (default) outputs of 3 or more dims are
+    taken as [B, S, ...] and flattened to the schema's rows-first [B*S, ...];
+    pass merge_batch=False when the module already returns [T, ...] rows.
+    bf16/fp16 tensors are written with kind bf16. Set .step before each
+    forward (0 = prefill, k = k-th decode step)."""
 
     def __init__(self, writer, module, name_map, merge_batch=True):
         import torch  # lazy: torch is optional

@@ -1,0 +1,248 @@
+/* sim_validate.c: `v41 sim --validate SERVE.json`: predicted vs measured
+ * step latency. Every step that `v41 serve-trace` ran (its batch: per
+ * request kind, positions, replay floor, trimming) is costed by the
+ * simulator's cost model and compared with the seconds it took.
+ *
+ * Rates come from a measured profile (--profile, v41-profile/1 written by
+ * `v41 bench gpu` in the same session), the H200 roofline (default), or
+ * --fit: t = c0 + sum_k a_k * T_k, where T_k is the roofline time of op
+ * class k in that step, fitted (non-negative least squares) on the even
+ * steps and evaluated on the odd ones (held out). --fit is how a machine
+ * without a profile (e.g. the CPU reference) calibrates the cost model. */
+#include "v41_cli.h"
+#include "v41_sim.h"
+#include <cjson/cJSON.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define NF (1 + V41_OP_NCLASS)
+
+static void usage(FILE *f)
+{
+    fprintf(f, "usage: v41 sim --validate SERVE.json [--model M] [--profile P.json | --fit] [--json]\n\n"
+               "Predicted vs measured step latency of a `v41 serve-trace --json` run.\n"
+               "  --model M     model config (default: the one recorded in SERVE.json)\n"
+               "  --profile P   measured rates (v41-profile/1, e.g. `v41 bench gpu --json P`)\n"
+               "  --fit         fit t = c0 + sum_k a_k*T_k (T_k: roofline time of op class k) on the even\n"
+               "                steps by non-negative least squares; report the error on the odd steps\n"
+               "Reports the median and p90 of |predicted - measured| / measured. Exit: 0 ok, 2 error.\n");
+}
+
+static int cmp_d(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+/* least squares on the active set, dropping the most negative coefficient until none is negative */
+static void nnls(int n, const double *X, const double *y, double *coef)
+{
+    bool act[NF];
+    for (int k = 0; k < NF; k++) act[k] = true;
+    for (int iter = 0; iter < NF; iter++) {
+        double A[NF][NF + 1];
+        memset(A, 0, sizeof A);
+        for (int i = 0; i < n; i++)
+            for (int a = 0; a < NF; a++) {
+                if (!act[a]) continue;
+                for (int b = 0; b < NF; b++)
+                    if (act[b]) A[a][b] += X[i * NF + a] * X[i * NF + b];
+                A[a][NF] += X[i * NF + a] * y[i];
+            }
+        /* ridge of 1e-12 relative to the diagonal keeps empty classes solvable */
+        for (int a = 0; a < NF; a++) A[a][a] = act[a] ? A[a][a] * (1 + 1e-12) + 1e-300 : 1;
+        /* Gauss-Jordan with partial pivoting */
+        for (int c = 0; c < NF; c++) {
+            int p = c;
+            for (int r = c + 1; r < NF; r++) if (fabs(A[r][c]) > fabs(A[p][c])) p = r;
+            if (p != c) for (int k = 0; k <= NF; k++) { double t = A[c][k]; A[c][k] = A[p][k]; A[p][k] = t; }
+            double d = A[c][c];
+            if (d == 0) continue;
+            for (int k = 0; k <= NF; k++) A[c][k] /= d;
+            for (int r = 0; r < NF; r++) {
+                if (r == c || A[r][c] == 0) continue;
+                double f = A[r][c];
+                for (int k = 0; k <= NF; k++) A[r][k] -= f * A[c][k];
+            }
+        }
+        int worst = -1;
+        for (int a = 0; a < NF; a++) {
+            coef[a] = act[a] ? A[a][NF] : 0;
+            if (act[a] && coef[a] < 0 && (worst < 0 || coef[a] < coef[worst])) worst = a;
+        }
+        if (worst < 0) return;
+        act[worst] = false;
+    }
+}
+
+int v41_sim_validate(int argc, char **argv)
+{
+    const char *path = NULL, *model = NULL, *profile = NULL;
+    bool fit = false, json = false;
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--validate") && i + 1 < argc) path = argv[++i];
+        else if (!strcmp(argv[i], "--model") && i + 1 < argc) model = argv[++i];
+        else if (!strcmp(argv[i], "--profile") && i + 1 < argc) profile = argv[++i];
+        else if (!strcmp(argv[i], "--fit")) fit = true;
+        else if (!strcmp(argv[i], "--json")) json = true;
+        else if (!strcmp(argv[i], "--help")) { usage(stdout); return 0; }
+        else { fprintf(stderr, "v41 sim --validate: unexpected argument '%s'\n", argv[i]); usage(stderr); return 2; }
+    }
+    if (!path) { usage(stderr); return 2; }
+    if (fit && profile) { fprintf(stderr, "v41 sim --validate: --fit and --profile exclude each other\n"); return 2; }
+    FILE *f = fopen(path, "rb");
+    if (!f) { fprintf(stderr, "v41 sim --validate: %s: cannot open\n", path); return 2; }
+    fseek(f, 0, SEEK_END);
+    long len = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    char *txt = malloc((size_t)len + 1);
+    size_t got = txt ? fread(txt, 1, (size_t)len, f) : 0;
+    fclose(f);
+    if (!txt || got != (size_t)len) { free(txt); fprintf(stderr, "v41 sim --validate: %s: read error\n", path); return 2; }
+    txt[len] = 0;
+    cJSON *j = cJSON_Parse(txt);
+    free(txt);
+    const cJSON *schema = cJSON_GetObjectItem(j, "schema"), *steps = cJSON_GetObjectItem(j, "steps");
+    if (!j || !cJSON_IsString(schema) || strcmp(schema->valuestring, "v41-serve-trace/1") || !cJSON_IsArray(steps)) {
+        cJSON_Delete(j);
+        fprintf(stderr, "v41 sim --validate: %s: not a v41-serve-trace/1 JSON file (from `v41 serve-trace --json`)\n", path);
+        return 2;
+    }
+    if (!model) {
+        const cJSON *mj = cJSON_GetObjectItem(j, "model");
+        model = cJSON_IsString(mj) ? mj->valuestring : "tiny";
+    }
+    v41_err err = {0};
+    v41_config cfg;
+    v41_hw hw;
+    v41_hw_h200(&hw);
+    hw.gpus = 1;
+    v41_profile *prof = NULL;
+    v41_cost_model *cm = NULL;
+    int rc = v41_sim_config_get(model, &cfg, &err);
+    if (!rc && profile) {
+        prof = calloc(1, sizeof *prof);
+        rc = v41_profile_load(profile, prof, &err);
+    }
+    if (!rc) rc = v41_cost_create(&cfg, &hw, prof, &cm, &err);
+    int n = cJSON_GetArraySize(steps);
+    double *meas = calloc((size_t)n + 1, sizeof *meas), *pred = calloc((size_t)n + 1, sizeof *pred);
+    double *X = calloc((size_t)(n + 1) * NF, sizeof *X), *rel = calloc((size_t)n + 1, sizeof *rel);
+    v41_sim_item *items = NULL;
+    int cap = 0, ns = 0;
+    for (int s = 0; s < n && !rc; s++) {
+        const cJSON *st = cJSON_GetArrayItem(steps, s), *its = cJSON_GetObjectItem(st, "items");
+        const cJSON *sec = cJSON_GetObjectItem(st, "seconds");
+        if (!cJSON_IsArray(its) || !cJSON_IsNumber(sec)) {
+            rc = v41_err_set(&err, V41_EINVAL, "%s: step %d lacks items/seconds", path, s);
+            break;
+        }
+        int ni = cJSON_GetArraySize(its);
+        if (ni > cap) { cap = ni * 2; items = realloc(items, sizeof *items * (size_t)cap); }
+        for (int k = 0; k < ni; k++) {
+            const cJSON *it = cJSON_GetArrayItem(its, k);
+            const cJSON *kind = cJSON_GetObjectItem(it, "kind");
+            const char *ks = cJSON_IsString(kind) ? kind->valuestring : "";
+            v41_sim_item *x = &items[k];
+            memset(x, 0, sizeof *x);
+            x->kind = !strcmp(ks, "prefill") ? V41_ITEM_PREFILL : !strcmp(ks, "verify") ? V41_ITEM_VERIFY : V41_ITEM_DECODE;
+            x->start = (int64_t)cJSON_GetNumberValue(cJSON_GetObjectItem(it, "start"));
+            x->end = (int64_t)cJSON_GetNumberValue(cJSON_GetObjectItem(it, "end"));
+            x->floor = (int64_t)cJSON_GetNumberValue(cJSON_GetObjectItem(it, "floor"));
+            x->new_from = (int64_t)cJSON_GetNumberValue(cJSON_GetObjectItem(it, "new_from"));
+            x->trim = cJSON_IsTrue(cJSON_GetObjectItem(it, "trim"));
+            x->logits = true;
+            if (!(x->end > x->start) || x->start < 0) {
+                rc = v41_err_set(&err, V41_EINVAL, "%s: step %d item %d: bad start/end", path, s, k);
+                break;
+            }
+        }
+        if (rc) break;
+        v41_step_cost sc;
+        v41_cost_step(cm, items, ni, 0, &sc);
+        meas[ns] = sec->valuedouble;
+        pred[ns] = sc.time_s;
+        X[ns * NF] = 1;
+        for (int c = 0; c < V41_OP_NCLASS; c++) X[ns * NF + 1 + c] = sc.time_c[c];
+        ns++;
+    }
+    if (!rc && ns < (fit ? 4 : 1)) rc = v41_err_set(&err, V41_EINVAL, "%s: too few steps (%d) to validate", path, ns);
+    if (rc) {
+        fprintf(stderr, "v41 sim --validate: %s\n", err.msg);
+        goto out;
+    }
+    double coef[NF] = {0};
+    int nv = 0;
+    if (fit) {
+        int nt = (ns + 1) / 2;
+        double *Xt = calloc((size_t)nt * NF, sizeof *Xt), *yt = calloc((size_t)nt, sizeof *yt);
+        for (int s = 0, i = 0; s < ns; s += 2, i++) { memcpy(Xt + i * NF, X + s * NF, sizeof(double) * NF); yt[i] = meas[s]; }
+        nnls(nt, Xt, yt, coef);
+        free(Xt);
+        free(yt);
+        for (int s = 0; s < ns; s++) {
+            double p = 0;
+            for (int a = 0; a < NF; a++) p += coef[a] * X[s * NF + a];
+            pred[s] = p;
+        }
+        for (int s = 1; s < ns; s += 2) rel[nv++] = fabs(pred[s] - meas[s]) / meas[s];
+    } else {
+        for (int s = 0; s < ns; s++) rel[nv++] = fabs(pred[s] - meas[s]) / meas[s];
+    }
+    qsort(rel, (size_t)nv, sizeof *rel, cmp_d);
+    double med = rel[nv / 2], p90 = rel[(int)(0.9 * (nv - 1))];
+    double sm = 0, sp = 0;
+    for (int s = 0; s < ns; s++) { sm += meas[s]; sp += pred[s]; }
+    const char *how = fit ? "fit on even steps, evaluated on odd steps" : profile ? profile : "H200 roofline";
+    if (json) {
+        cJSON *o = cJSON_CreateObject();
+        cJSON_AddStringToObject(o, "schema", "v41-sim-validate/1");
+        cJSON_AddStringToObject(o, "serve_trace", path);
+        cJSON_AddStringToObject(o, "model", model);
+        cJSON_AddStringToObject(o, "rates", how);
+        cJSON_AddNumberToObject(o, "steps", ns);
+        cJSON_AddNumberToObject(o, "evaluated", nv);
+        cJSON_AddNumberToObject(o, "median_abs_rel_err", med);
+        cJSON_AddNumberToObject(o, "p90_abs_rel_err", p90);
+        cJSON_AddNumberToObject(o, "measured_total_s", sm);
+        cJSON_AddNumberToObject(o, "predicted_total_s", sp);
+        if (fit) {
+            cJSON *cj = cJSON_AddObjectToObject(o, "fit");
+            cJSON_AddNumberToObject(cj, "c0_s", coef[0]);
+            for (int c = 0; c < V41_OP_NCLASS; c++) cJSON_AddNumberToObject(cj, v41_op_class_name(c), coef[1 + c]);
+        }
+        cJSON *pa = cJSON_AddArrayToObject(o, "per_step");
+        for (int s = 0; s < ns; s++) {
+            cJSON *e = cJSON_CreateArray();
+            cJSON_AddItemToArray(e, cJSON_CreateNumber(meas[s]));
+            cJSON_AddItemToArray(e, cJSON_CreateNumber(pred[s]));
+            cJSON_AddItemToArray(pa, e);
+        }
+        char *t = cJSON_Print(o);
+        puts(t);
+        free(t);
+        cJSON_Delete(o);
+    } else {
+        printf("sim validate: %s, model %s, rates: %s\n", path, model, how);
+        printf("  %d steps (%d evaluated): |pred-meas|/meas median %.1f%%, p90 %.1f%%; total measured %.4g s, predicted %.4g s\n",
+               ns, nv, 100 * med, 100 * p90, sm, sp);
+        if (fit) {
+            printf("  fit: c0 %.3g s", coef[0]);
+            for (int c = 0; c < V41_OP_NCLASS; c++) printf(", %s x%.3g", v41_op_class_name(c), coef[1 + c]);
+            printf("\n");
+        }
+        printf("  %-6s %-12s %-12s\n", "step", "measured s", "predicted s");
+        for (int s = 0; s < ns && s < 12; s++) printf("  %-6d %-12.4g %-12.4g\n", s, meas[s], pred[s]);
+    }
+out:
+    free(items);
+    free(meas);
+    free(pred);
+    free(X);
+    free(rel);
+    free(prof);
+    v41_cost_destroy(cm);
+    cJSON_Delete(j);
+    return rc ? 2 : 0;
+}
