@@ -13,9 +13,10 @@
 // merged by a second kernel (exactly the same result when all maxima agree).
 #include "g_internal.cuh"
 
-#define AT_MT 32      /* heads per block */
+#define AT_MT 64      /* heads per block (all of V4.1's: the key chunk is gathered once per row) */
 #define AT_CK 64      /* list entries per chunk (official chunk width) */
-#define AT_THREADS 256
+#define AT_THREADS 512
+#define AT_NW (AT_THREADS / 32)   /* 16 warps */
 #define AT_NEG (-1e30f)
 
 struct at_smem {
@@ -36,7 +37,7 @@ __host__ __device__ static inline at_smem at_layout(int d, int cps)
     L.total = L.offV + (size_t)cps * AT_CK * 4;
     return L;
 }
-#define AT_MAX_CPS 48   /* index list of one split in shared memory: <= 12 KB */
+#define AT_MAX_CPS 16   /* index list of one split in shared memory: <= 4 KB */
 
 // 16-byte global -> shared copy that bypasses registers (cp.async, L2 only);
 // src_bytes = 0 zero-fills the destination (padding rows).
@@ -61,14 +62,14 @@ __device__ __forceinline__ uint32_t g_ld32(const __nv_bfloat16 *p) { return *(co
 // B regs hold (k = 2c,2c+1 | +8, n = g); C holds (row g | g+8, cols 2c, 2c+1). Every warp computes the
 // scores of 8 keys for all 32 heads (S), then owns d/8 output columns of O (kept in registers, so the
 // online-softmax rescale is a register multiply).
-template <int NT>   /* 8-column n-tiles of O per warp: d = 64 * NT */
+template <int NT, int DD>   /* head dim DD; 8-column n-tiles of O per warp: NT = max(1, DD/128) */
 __global__ void __launch_bounds__(AT_THREADS, 1)
 g_sparse_attn_kernel(const uint16_t *__restrict__ q, const uint16_t *__restrict__ kv_a,
                      const uint16_t *__restrict__ kv_b, const int32_t *__restrict__ idx, int L, int n_a,
                      const float *__restrict__ sink, float scale, int H, int chunks_per_split,
                      uint16_t *__restrict__ o, float *__restrict__ part /* NS>1: [T,tiles,NS,MT,(d+2)] */)
 {
-    constexpr int d = 64 * NT;
+    constexpr int d = DD;
     extern __shared__ __align__(128) unsigned char smem[];
     const at_smem Ly = at_layout(d, chunks_per_split);
     __nv_bfloat16 *Qs = (__nv_bfloat16 *)(smem + Ly.offQ);
@@ -91,9 +92,9 @@ g_sparse_attn_kernel(const uint16_t *__restrict__ q, const uint16_t *__restrict_
         *(uint4 *)(Qs + r * dq + c * 8) = v;
     }
     if (tid < AT_MT) { Ms[tid] = AT_NEG; Ls[tid] = 0.0f; }
-    float acc[2][NT][4];
+    float acc[4][NT][4];
 #pragma unroll
-    for (int mt = 0; mt < 2; mt++)
+    for (int mt = 0; mt < 4; mt++)
 #pragma unroll
         for (int nt = 0; nt < NT; nt++)
 #pragma unroll
@@ -134,27 +135,28 @@ g_sparse_attn_kernel(const uint16_t *__restrict__ q, const uint16_t *__restrict_
         // S = Q . K^T: warp w -> keys 8w..8w+7, both 16-head m-tiles
         {
             float s[2][4] = {{0, 0, 0, 0}, {0, 0, 0, 0}};
-            const __nv_bfloat16 *kr = Ks + (warp * 8 + g) * dq + 2 * c4;
+            const int kt = warp & 7, mb = (warp >> 3) * 2;   // keys kt*8.., head m-tiles mb, mb+1
+            const __nv_bfloat16 *kr = Ks + (kt * 8 + g) * dq + 2 * c4;
 #pragma unroll 8
             for (int k0 = 0; k0 < d; k0 += 16) {
                 uint32_t b0 = g_ld32(kr + k0), b1 = g_ld32(kr + k0 + 8);
 #pragma unroll
-                for (int mt = 0; mt < 2; mt++) {
-                    const __nv_bfloat16 *qa = Qs + (mt * 16 + g) * dq + k0 + 2 * c4;
-                    g_mma_bf16(s[mt], g_ld32(qa), g_ld32(qa + 8 * dq), g_ld32(qa + 8), g_ld32(qa + 8 * dq + 8), b0, b1);
+                for (int m = 0; m < 2; m++) {
+                    const __nv_bfloat16 *qa = Qs + ((mb + m) * 16 + g) * dq + k0 + 2 * c4;
+                    g_mma_bf16(s[m], g_ld32(qa), g_ld32(qa + 8 * dq), g_ld32(qa + 8), g_ld32(qa + 8 * dq + 8), b0, b1);
                 }
             }
 #pragma unroll
-            for (int mt = 0; mt < 2; mt++) {
-                float *sp = Ss + (mt * 16 + g) * ds + warp * 8 + 2 * c4;
-                sp[0] = s[mt][0]; sp[1] = s[mt][1];
-                sp[8 * ds] = s[mt][2]; sp[8 * ds + 1] = s[mt][3];
+            for (int m = 0; m < 2; m++) {
+                float *sp = Ss + ((mb + m) * 16 + g) * ds + kt * 8 + 2 * c4;
+                sp[0] = s[m][0]; sp[1] = s[m][1];
+                sp[8 * ds] = s[m][2]; sp[8 * ds + 1] = s[m][3];
             }
         }
         __syncthreads();
         // online softmax over the chunk: warp w owns rows 4w..4w+3, lane owns columns lane, lane+32
-        for (int rr = 0; rr < AT_MT / 8; rr++) {
-            int r = warp * (AT_MT / 8) + rr;
+        for (int rr = 0; rr < AT_MT / AT_NW; rr++) {
+            int r = warp * (AT_MT / AT_NW) + rr;
             bool v0 = Vs[lane] >= 0, v1 = Vs[lane + 32] >= 0;
             float s0 = v0 ? Ss[r * ds + lane] * scale : -INFINITY;
             float s1 = v1 ? Ss[r * ds + lane + 32] * scale : -INFINITY;
@@ -174,43 +176,45 @@ g_sparse_attn_kernel(const uint16_t *__restrict__ q, const uint16_t *__restrict_
             }
         }
         __syncthreads();
-        // O = O*corr + P.V for this warp's columns
+        // O = O*corr + P.V for this warp's columns (8*NT of them; warps past d/8 columns have none)
+        if (warp * 8 * NT < d) {
 #pragma unroll
-        for (int mt = 0; mt < 2; mt++) {
-            float clo = Cs[mt * 16 + g], chi = Cs[mt * 16 + g + 8];
+            for (int mt = 0; mt < 4; mt++) {
+                float clo = Cs[mt * 16 + g], chi = Cs[mt * 16 + g + 8];
 #pragma unroll
-            for (int nt = 0; nt < NT; nt++) {
-                acc[mt][nt][0] *= clo; acc[mt][nt][1] *= clo;
-                acc[mt][nt][2] *= chi; acc[mt][nt][3] *= chi;
+                for (int nt = 0; nt < NT; nt++) {
+                    acc[mt][nt][0] *= clo; acc[mt][nt][1] *= clo;
+                    acc[mt][nt][2] *= chi; acc[mt][nt][3] *= chi;
+                }
             }
-        }
 #pragma unroll
-        for (int k0 = 0; k0 < AT_CK; k0 += 16) {
-            uint32_t a[2][4];
+            for (int k0 = 0; k0 < AT_CK; k0 += 16) {
+                const uint16_t *vk = (const uint16_t *)Ks + (k0 + 2 * c4) * dq + warp * 8 * NT + g;
+                uint32_t bb[NT][2];
 #pragma unroll
-            for (int mt = 0; mt < 2; mt++) {
-                const __nv_bfloat16 *pa = Ps + (mt * 16 + g) * dp + k0 + 2 * c4;
-                a[mt][0] = g_ld32(pa); a[mt][1] = g_ld32(pa + 8 * dp);
-                a[mt][2] = g_ld32(pa + 8); a[mt][3] = g_ld32(pa + 8 * dp + 8);
-            }
-            const uint16_t *vk = (const uint16_t *)Ks + (k0 + 2 * c4) * dq + warp * 8 * NT + g;
+                for (int nt = 0; nt < NT; nt++) {
+                    const uint16_t *vp = vk + nt * 8;
+                    bb[nt][0] = (uint32_t)vp[0] | ((uint32_t)vp[dq] << 16);
+                    bb[nt][1] = (uint32_t)vp[8 * dq] | ((uint32_t)vp[9 * dq] << 16);
+                }
 #pragma unroll
-            for (int nt = 0; nt < NT; nt++) {
-                const uint16_t *vp = vk + nt * 8;
-                uint32_t b0 = (uint32_t)vp[0] | ((uint32_t)vp[dq] << 16);
-                uint32_t b1 = (uint32_t)vp[8 * dq] | ((uint32_t)vp[9 * dq] << 16);
-                g_mma_bf16(acc[0][nt], a[0][0], a[0][1], a[0][2], a[0][3], b0, b1);
-                g_mma_bf16(acc[1][nt], a[1][0], a[1][1], a[1][2], a[1][3], b0, b1);
+                for (int mt = 0; mt < 4; mt++) {
+                    const __nv_bfloat16 *pa = Ps + (mt * 16 + g) * dp + k0 + 2 * c4;
+                    uint32_t a0 = g_ld32(pa), a1 = g_ld32(pa + 8 * dp), a2 = g_ld32(pa + 8), a3 = g_ld32(pa + 8 * dp + 8);
+#pragma unroll
+                    for (int nt = 0; nt < NT; nt++) g_mma_bf16(acc[mt][nt], a0, a1, a2, a3, bb[nt][0], bb[nt][1]);
+                }
             }
         }
         __syncthreads();   // all warps are done with buffer b before it is refilled
     }
     // epilogue: this thread holds rows (mt*16 + g [+8]) x columns (warp*8*NT + nt*8 + 2*c4 [+1])
 #pragma unroll
-    for (int mt = 0; mt < 2; mt++)
+    for (int mt = 0; mt < 4; mt++)
 #pragma unroll
         for (int hf = 0; hf < 2; hf++) {
             int r = mt * 16 + g + 8 * hf;
+            if (warp * 8 * NT >= d) break;
             if (NS == 1) {
                 if (h0 + r >= H) continue;
                 float l = Ls[r];
@@ -254,14 +258,14 @@ __global__ void g_attn_merge_kernel(const float *__restrict__ part, const float 
     }
 }
 
-template <int NT>
+template <int NT, int DD>
 static int attn_launch(dim3 grid, size_t sm, cudaStream_t st, const uint16_t *q, const uint16_t *kv_a,
                        const uint16_t *kv_b, const int32_t *idx, int L, int n_a, const float *sink, float scale, int H,
                        int cps, uint16_t *o, float *part)
 {
-    G_CHECK(cudaFuncSetAttribute(g_sparse_attn_kernel<NT>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sm));
-    G_CHECK(cudaFuncSetAttribute(g_sparse_attn_kernel<NT>, cudaFuncAttributePreferredSharedMemoryCarveout, 100));
-    g_sparse_attn_kernel<NT><<<grid, AT_THREADS, sm, st>>>(q, kv_a, kv_b, idx, L, n_a, sink, scale, H, cps, o, part);
+    G_CHECK(cudaFuncSetAttribute(g_sparse_attn_kernel<NT, DD>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sm));
+    G_CHECK(cudaFuncSetAttribute(g_sparse_attn_kernel<NT, DD>, cudaFuncAttributePreferredSharedMemoryCarveout, 100));
+    g_sparse_attn_kernel<NT, DD><<<grid, AT_THREADS, sm, st>>>(q, kv_a, kv_b, idx, L, n_a, sink, scale, H, cps, o, part);
     G_LAUNCHED();
     return 0;
 }
@@ -273,7 +277,7 @@ extern "C" int v41g_sparse_attn(const uint16_t *q, const uint16_t *kv_a, const u
     if (T <= 0) return 0;
     if (L <= 0 || (d != 64 && d != 128 && d != 256 && d != 512)) return (int)cudaErrorInvalidValue;
     cudaStream_t st = G_STREAM(s);
-    static_assert(AT_MT == 32, "softmax row split assumes 32 rows / 8 warps");
+    static_assert(AT_MT == 64 && AT_NW == 16, "S and softmax split assume 64 rows / 16 warps");
     int tiles = (H + AT_MT - 1) / AT_MT;
     int nchunks = (L + AT_CK - 1) / AT_CK;
     // split the list only when the grid would leave most of the 132 SMs (2 blocks each) idle
@@ -288,10 +292,10 @@ extern "C" int v41g_sparse_attn(const uint16_t *q, const uint16_t *kv_a, const u
     dim3 grid(T, tiles, NS);
     int rc;
     switch (d) {
-    case 64: rc = attn_launch<1>(grid, Ly.total, st, q, kv_a, kv_b, idx, L, n_a, sink, scale, H, cps, o, part); break;
-    case 128: rc = attn_launch<2>(grid, Ly.total, st, q, kv_a, kv_b, idx, L, n_a, sink, scale, H, cps, o, part); break;
-    case 256: rc = attn_launch<4>(grid, Ly.total, st, q, kv_a, kv_b, idx, L, n_a, sink, scale, H, cps, o, part); break;
-    default: rc = attn_launch<8>(grid, Ly.total, st, q, kv_a, kv_b, idx, L, n_a, sink, scale, H, cps, o, part); break;
+    case 64: rc = attn_launch<1, 64>(grid, Ly.total, st, q, kv_a, kv_b, idx, L, n_a, sink, scale, H, cps, o, part); break;
+    case 128: rc = attn_launch<1, 128>(grid, Ly.total, st, q, kv_a, kv_b, idx, L, n_a, sink, scale, H, cps, o, part); break;
+    case 256: rc = attn_launch<2, 256>(grid, Ly.total, st, q, kv_a, kv_b, idx, L, n_a, sink, scale, H, cps, o, part); break;
+    default: rc = attn_launch<4, 512>(grid, Ly.total, st, q, kv_a, kv_b, idx, L, n_a, sink, scale, H, cps, o, part); break;
     }
     if (rc) return rc;
     if (NS > 1) {

@@ -100,6 +100,12 @@ static stap *store_get(store *S, const char *name)
     return NULL;
 }
 
+static const char *dims_of(const char *name)
+{
+    const v41_tap_desc *d = v41_tap_lookup(name);
+    return d ? d->dims : NULL;
+}
+
 /* ------------------------------------------------------------------ HDF5 */
 
 static bool h5_exists(hid_t f, const char *path)
@@ -650,6 +656,7 @@ int v41_cmd_oracle_check(int argc, char **argv)
         int drc = v41_dump_create(dump_path, &meta, &C.S.dump, &err);
         free(cj);
         if (drc) { fprintf(stderr, "oracle-check: %s\n", err.msg); goto out; }
+        v41_dump_set_dims_fn(C.S.dump, dims_of);
     }
     v41_tap_sink sink = {store_emit, &C.S, NULL};
     v41_tap_source src = {force_fetch, &C,

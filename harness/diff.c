@@ -376,6 +376,9 @@ int v41_diff_readers(v41_dump_reader *a, v41_dump_reader *b, const v41_diff_opts
     describe(b, r->b_desc, sizeof r->b_desc);
     snprintf(r->tol_level, sizeof r->tol_level, "%s",
              v41_diff_level(v41_dump_attr(a, "precision"), v41_dump_attr(b, "precision")));
+    const char *fa = v41_dump_attr(a, "weights_fingerprint"), *fb = v41_dump_attr(b, "weights_fingerprint");
+    if (fa && fb && *fa && *fb && strcmp(fa, fb))
+        snprintf(r->warning, sizeof r->warning, "the dumps come from different weights (fingerprints %.16s vs %.16s)", fa, fb);
     size_t cap = 0, na = v41_dump_count(a), nb = v41_dump_count(b);
     /* walk A in execution order; taps of a step only in B follow that step's A taps */
     size_t ib = 0;
@@ -509,6 +512,7 @@ void v41_diff_print(const v41_diff_report *r, FILE *f, bool verbose)
 {
     fprintf(f, "A (reference): %s [%s]\nB: %s [%s]\ndefault tolerances: %s level\n", r->a_path, r->a_desc, r->b_path,
             r->b_desc, r->tol_level);
+    if (r->warning[0]) fprintf(f, "WARNING: %s\n", r->warning);
     long shown = 0, more = 0;
     for (size_t i = 0; i < r->n; i++) {
         if (!verbose && r->t[i].status == V41_DIFF_SAME) continue;
@@ -610,6 +614,7 @@ char *v41_diff_json(const v41_diff_report *r)
     cJSON_AddStringToObject(o, "a_desc", r->a_desc);
     cJSON_AddStringToObject(o, "b_desc", r->b_desc);
     cJSON_AddStringToObject(o, "tolerance_level", r->tol_level);
+    if (r->warning[0]) cJSON_AddStringToObject(o, "warning", r->warning);
     cJSON_AddBoolToObject(o, "same", r->n_fail == 0);
     cJSON_AddNumberToObject(o, "n_taps", (double)r->n);
     cJSON_AddNumberToObject(o, "n_differ", (double)r->n_fail);

@@ -77,6 +77,7 @@ typedef struct v41_diff_report {
     char a_path[4096], b_path[4096];
     char a_desc[256], b_desc[256];  /* "engine ref, precision emulate" */
     char tol_level[16];             /* "bf16" or "fp32": level of the default tolerances */
+    char warning[256];              /* e.g. the dumps come from different weights ("" = none) */
     v41_diff_tensor *t;             /* in execution order */
     size_t n;
     long first_fail;                /* index of the first failing tap, -1 none */

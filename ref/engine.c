@@ -582,7 +582,6 @@ static int compressor(ref_engine *E, fwd *F, int l, const float *x, int *emitted
             emitted[q] = 0;
             for (int i = 0; i < R->n; i++) {
                 int pos = R->start + i;
-                if (pos < R->floor_ && R->floor_ > 0) continue; /* replayed rows: writes suppressed */
                 v41_rmsnorm(kv + (size_t)(R->r0 + i) * d, W->c_norm, d, c->norm_eps, lat + (size_t)nl * d, E->emu);
                 lat_req[nl] = q;
                 lat_j[nl] = pos;
@@ -603,7 +602,6 @@ static int compressor(ref_engine *E, fwd *F, int l, const float *x, int *emitted
             emitted[q] = 0;
             for (int i = 0; i < R->n; i++) {
                 int pos = R->start + i;
-                if (pos < R->floor_ && R->floor_ > 0) continue;
                 memcpy(st->kvh[l] + (size_t)pos * d, kv + (size_t)(R->r0 + i) * d, sizeof(float) * d);
                 memcpy(st->sch[l] + (size_t)pos * d, sc + (size_t)(R->r0 + i) * d, sizeof(float) * d);
                 int g0 = pos / m * m;
@@ -1197,9 +1195,15 @@ static int dspark_attention(ref_engine *E, fwd *F, int l, const float *x, float 
     int rc = V41_OK;
     float *qr = malloc(sizeof(float) * (size_t)T * QL), *q = malloc(sizeof(float) * (size_t)T * H * d);
     float *kv = malloc(sizeof(float) * (size_t)T * d), *o = malloc(sizeof(float) * (size_t)T * H * d);
-    int LW = Wn + B;
+    /* optional padding of the list to a multiple of opts.dspark_align (as padded kernels do):
+     * padding entries are -1 and get zero weight; fault injection dspark-padding-counted
+     * makes them count in the softmax denominator (score 0, zero value) */
+    const int align = E->e.opts.dspark_align > 0 ? E->e.opts.dspark_align : 1;
+    int LW = (Wn + B + align - 1) / align * align;
+    const bool pad_counted = inj(E, INJ_DSPARK_PADDING_COUNTED, l);
+    float *zero = calloc((size_t)d, sizeof(float));
     int32_t *lists = malloc(sizeof(int32_t) * (size_t)T * LW);
-    if (!qr || !q || !kv || !o || !lists) { rc = v41_err_set(err, V41_ENOMEM, "out of memory"); goto done; }
+    if (!qr || !q || !kv || !o || !lists || !zero) { rc = v41_err_set(err, V41_ENOMEM, "out of memory"); goto done; }
     bool il = !inj(E, INJ_ROPE_HALVES, l);
     rc = v41_linear(&W->wq_a, x, T, qr, emu, err);
     if (rc) goto done;
@@ -1228,7 +1232,7 @@ static int dspark_attention(ref_engine *E, fwd *F, int l, const float *x, float 
         for (int i = 0; i < R->n; i++) {
             const int t = R->r0 + i;
             int32_t *ls = lists + (size_t)t * LW;
-            const float *kp[1024];
+            const float **kp = malloc(sizeof(float *) * (size_t)LW);
             int n = 0;
             for (int j = 0; j < nw; j++) {
                 int ps = p - ((p - j) % Wn + Wn) % Wn; /* position held by ring slot j */
@@ -1239,9 +1243,13 @@ static int dspark_attention(ref_engine *E, fwd *F, int l, const float *x, float 
                 ls[n] = R->start + j; /* block keys, by position */
                 kp[n++] = kv + (size_t)(R->r0 + j) * d;
             }
-            for (int j = n; j < LW; j++) ls[j] = -1;
-            v41_sparse_attn_row(q + (size_t)t * H * d, H, d, kp, n, nosink ? NULL : W->sink, scale,
+            for (int j = n; j < LW; j++) {
+                ls[j] = -1;
+                kp[j] = pad_counted ? zero : NULL;
+            }
+            v41_sparse_attn_row(q + (size_t)t * H * d, H, d, kp, LW, nosink ? NULL : W->sink, scale,
                                 o + (size_t)t * H * d, emu);
+            free(kp);
         }
     }
     LTAP(E, l, "attn.topk", V41_TAP_I32, lists, 2, T, LW, 0, 0);
@@ -1250,7 +1258,7 @@ static int dspark_attention(ref_engine *E, fwd *F, int l, const float *x, float 
     if (rc) goto done;
     LTAP(E, l, "attn.out", V41_TAP_BF16, y, 2, T, c->dim, 0, 0);
 done:
-    free(qr); free(q); free(kv); free(o); free(lists);
+    free(qr); free(q); free(kv); free(o); free(lists); free(zero);
     return rc;
 }
 

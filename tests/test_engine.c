@@ -308,6 +308,23 @@ START_TEST(test_dspark_batch)
     ck_assert(memcmp(out1, out2 + (B + 1), sizeof(int32_t) * (B + 1)) == 0);
     ck_assert(memcmp(c1, c2 + B, sizeof(float) * B) == 0);
     v41_engine_destroy(e);
+    /* padded DSpark lists (width a multiple of 16): padding has zero weight, same bits;
+     * the injected bug (padding counted in the denominator) changes them */
+    for (int bug = 0; bug < 2; bug++) {
+        v41_engine_opts o;
+        v41_engine_opts_default(&o);
+        o.max_seq_len = 64;
+        o.dspark_align = 16;
+        o.inject = bug ? "dspark-padding-counted" : NULL;
+        ck_assert(v41_ref_engine_create(M, &o, &e, &err) == 0);
+        fwd1(e, 1, 0, 20, toks2, NULL);
+        int32_t outp[17];
+        float cp[16];
+        ck_assert(e->vt->dspark_draft_batch(e, 1, ids + 1, ps + 1, first + 1, outp, cp, &err) == 0);
+        if (!bug) ck_assert(memcmp(cp, c1, sizeof(float) * B) == 0);
+        else ck_assert(memcmp(cp, c1, sizeof(float) * B) != 0);
+        v41_engine_destroy(e);
+    }
 }
 END_TEST
 
