@@ -1,10 +1,11 @@
 // k_attn.cu: sparse attention with sink over an index list (SPEC §4.4), also
 // used for DSpark's non-causal window attention (SPEC §8).
 //
-// One block per (query row, tile of 32 heads, split of the list). K = V is one
-// shared head (MQA), so a tile of heads is the M dimension of two tensor-core
-// GEMMs per chunk of 64 list entries: S = Q.K^T [32 x 64] and O += P.V
-// [32 x d] (mma.sync m16n8k16 bf16, fp32 accumulate; O stays in registers). The online softmax follows the
+// One block (16 warps) per (query row, tile of 64 heads, split of the list). K = V
+// is one shared head (MQA), so the heads are the M dimension of two tensor-core
+// GEMMs per chunk of 64 list entries: S = Q.K^T [64 x 64] and O += P.V
+// [64 x d] (mma.sync m16n8k16 bf16, fp32 accumulate; O stays in registers; the
+// next chunk's keys are gathered by cp.async while this one is computed). The online softmax follows the
 // official rounding points: chunks of 64 entries from index 0 of the list,
 // running max from -1e30, fp32 denominator, probabilities rounded to bf16 in
 // the numerator, sink added once with the final max. -1 entries are skipped in
@@ -13,7 +14,8 @@
 // merged by a second kernel (exactly the same result when all maxima agree).
 #include "g_internal.cuh"
 
-#define AT_MT 64      /* heads per block (all of V4.1's: the key chunk is gathered once per row) */
+#define AT_MT 64      /* max heads per block (all of V4.1's: the key chunk is gathered once per row);
+                         small batches use 32-head tiles (twice the CTAs, each chunk gathered twice) */
 #define AT_CK 64      /* list entries per chunk (official chunk width) */
 #define AT_THREADS 512
 #define AT_NW (AT_THREADS / 32)   /* 16 warps */
@@ -24,16 +26,16 @@ struct at_smem {
     size_t offQ, offK, offS, offP, offO, offV, total;
 };
 // Q tile | K chunk x 2 (double buffer) | S | P | m, l, corr | the split's index list
-__host__ __device__ static inline at_smem at_layout(int d, int cps)
+__host__ __device__ static inline at_smem at_layout(int d, int cps, int MT)
 {
     at_smem L;
     L.dq = d + 8; L.dp = AT_CK + 8; L.ds = AT_CK + 4;
     L.offQ = 0;
-    L.offK = L.offQ + (size_t)AT_MT * L.dq * 2;
+    L.offK = L.offQ + (size_t)MT * L.dq * 2;
     L.offS = L.offK + 2 * (size_t)AT_CK * L.dq * 2;
-    L.offP = L.offS + (size_t)AT_MT * L.ds * 4;
-    L.offO = L.offP + (size_t)AT_MT * L.dp * 2;
-    L.offV = L.offO + (size_t)3 * AT_MT * 4;
+    L.offP = L.offS + (size_t)MT * L.ds * 4;
+    L.offO = L.offP + (size_t)MT * L.dp * 2;
+    L.offV = L.offO + (size_t)3 * MT * 4;
     L.total = L.offV + (size_t)cps * AT_CK * 4;
     return L;
 }
@@ -59,10 +61,10 @@ __device__ __forceinline__ void g_mma_bf16(float *c, uint32_t a0, uint32_t a1, u
 }
 __device__ __forceinline__ uint32_t g_ld32(const __nv_bfloat16 *p) { return *(const uint32_t *)p; }
 // Fragment layouts of mma.m16n8k16 (g = lane/4, c = lane%4): A regs hold (row g | g+8, cols 2c,2c+1 | +8);
-// B regs hold (k = 2c,2c+1 | +8, n = g); C holds (row g | g+8, cols 2c, 2c+1). Every warp computes the
-// scores of 8 keys for all 32 heads (S), then owns d/8 output columns of O (kept in registers, so the
-// online-softmax rescale is a register multiply).
-template <int NT, int DD>   /* head dim DD; 8-column n-tiles of O per warp: NT = max(1, DD/128) */
+// B regs hold (k = 2c,2c+1 | +8, n = g); C holds (row g | g+8, cols 2c, 2c+1). Warp w computes the
+// scores of keys 8(w%8).. for 32 of the 64 heads (S), then owns d/16 output columns of O for all 64
+// heads (kept in registers, so the online-softmax rescale is a register multiply).
+template <int NT, int DD, int MT>   /* head dim DD; 8-column n-tiles of O per warp NT = max(1, DD/128); MT heads */
 __global__ void __launch_bounds__(AT_THREADS, 1)
 g_sparse_attn_kernel(const uint16_t *__restrict__ q, const uint16_t *__restrict__ kv_a,
                      const uint16_t *__restrict__ kv_b, const int32_t *__restrict__ idx, int L, int n_a,
@@ -71,30 +73,31 @@ g_sparse_attn_kernel(const uint16_t *__restrict__ q, const uint16_t *__restrict_
 {
     constexpr int d = DD;
     extern __shared__ __align__(128) unsigned char smem[];
-    const at_smem Ly = at_layout(d, chunks_per_split);
+    constexpr int MTL = MT / 16, MPW = MTL / 2;   // 16-head m-tiles; per warp in the S phase
+    const at_smem Ly = at_layout(d, chunks_per_split, MT);
     __nv_bfloat16 *Qs = (__nv_bfloat16 *)(smem + Ly.offQ);
     __nv_bfloat16 *Kbuf = (__nv_bfloat16 *)(smem + Ly.offK);
     float *Ss = (float *)(smem + Ly.offS);
     __nv_bfloat16 *Ps = (__nv_bfloat16 *)(smem + Ly.offP);
-    float *Ms = (float *)(smem + Ly.offO), *Ls = Ms + AT_MT, *Cs = Ls + AT_MT;
+    float *Ms = (float *)(smem + Ly.offO), *Ls = Ms + MT, *Cs = Ls + MT;
     int *Vall = (int *)(smem + Ly.offV);
     const int dq = Ly.dq, dp = Ly.dp, ds = Ly.ds;
 
     const int t = blockIdx.x, tile = blockIdx.y, split = blockIdx.z, NS = gridDim.z;
-    const int h0 = tile * AT_MT;
+    const int h0 = tile * MT;
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, c4 = lane & 3;
     constexpr int nv = d / 8;   /* 16-byte vectors per row */
 
-    for (int i = tid; i < AT_MT * nv; i += AT_THREADS) {
+    for (int i = tid; i < MT * nv; i += AT_THREADS) {
         int r = i / nv, c = i % nv;
         uint4 v = make_uint4(0, 0, 0, 0);
         if (h0 + r < H) v = *(const uint4 *)(q + ((size_t)t * H + h0 + r) * d + c * 8);
         *(uint4 *)(Qs + r * dq + c * 8) = v;
     }
-    if (tid < AT_MT) { Ms[tid] = AT_NEG; Ls[tid] = 0.0f; }
-    float acc[4][NT][4];
+    if (tid < MT) { Ms[tid] = AT_NEG; Ls[tid] = 0.0f; }
+    float acc[MTL][NT][4];
 #pragma unroll
-    for (int mt = 0; mt < 4; mt++)
+    for (int mt = 0; mt < MTL; mt++)
 #pragma unroll
         for (int nt = 0; nt < NT; nt++)
 #pragma unroll
@@ -134,20 +137,22 @@ g_sparse_attn_kernel(const uint16_t *__restrict__ q, const uint16_t *__restrict_
         __syncthreads();
         // S = Q . K^T: warp w -> keys 8w..8w+7, both 16-head m-tiles
         {
-            float s[2][4] = {{0, 0, 0, 0}, {0, 0, 0, 0}};
-            const int kt = warp & 7, mb = (warp >> 3) * 2;   // keys kt*8.., head m-tiles mb, mb+1
+            float s[MPW][4];
+#pragma unroll
+            for (int m = 0; m < MPW; m++) s[m][0] = s[m][1] = s[m][2] = s[m][3] = 0.0f;
+            const int kt = warp & 7, mb = (warp >> 3) * MPW;   // keys kt*8.., head m-tiles mb..mb+MPW-1
             const __nv_bfloat16 *kr = Ks + (kt * 8 + g) * dq + 2 * c4;
 #pragma unroll 8
             for (int k0 = 0; k0 < d; k0 += 16) {
                 uint32_t b0 = g_ld32(kr + k0), b1 = g_ld32(kr + k0 + 8);
 #pragma unroll
-                for (int m = 0; m < 2; m++) {
+                for (int m = 0; m < MPW; m++) {
                     const __nv_bfloat16 *qa = Qs + ((mb + m) * 16 + g) * dq + k0 + 2 * c4;
                     g_mma_bf16(s[m], g_ld32(qa), g_ld32(qa + 8 * dq), g_ld32(qa + 8), g_ld32(qa + 8 * dq + 8), b0, b1);
                 }
             }
 #pragma unroll
-            for (int m = 0; m < 2; m++) {
+            for (int m = 0; m < MPW; m++) {
                 float *sp = Ss + ((mb + m) * 16 + g) * ds + kt * 8 + 2 * c4;
                 sp[0] = s[m][0]; sp[1] = s[m][1];
                 sp[8 * ds] = s[m][2]; sp[8 * ds + 1] = s[m][3];
@@ -155,8 +160,8 @@ g_sparse_attn_kernel(const uint16_t *__restrict__ q, const uint16_t *__restrict_
         }
         __syncthreads();
         // online softmax over the chunk: warp w owns rows 4w..4w+3, lane owns columns lane, lane+32
-        for (int rr = 0; rr < AT_MT / AT_NW; rr++) {
-            int r = warp * (AT_MT / AT_NW) + rr;
+        for (int rr = 0; rr < MT / AT_NW; rr++) {
+            int r = warp * (MT / AT_NW) + rr;
             bool v0 = Vs[lane] >= 0, v1 = Vs[lane + 32] >= 0;
             float s0 = v0 ? Ss[r * ds + lane] * scale : -INFINITY;
             float s1 = v1 ? Ss[r * ds + lane + 32] * scale : -INFINITY;
@@ -179,7 +184,7 @@ g_sparse_attn_kernel(const uint16_t *__restrict__ q, const uint16_t *__restrict_
         // O = O*corr + P.V for this warp's columns (8*NT of them; warps past d/8 columns have none)
         if (warp * 8 * NT < d) {
 #pragma unroll
-            for (int mt = 0; mt < 4; mt++) {
+            for (int mt = 0; mt < MTL; mt++) {
                 float clo = Cs[mt * 16 + g], chi = Cs[mt * 16 + g + 8];
 #pragma unroll
                 for (int nt = 0; nt < NT; nt++) {
@@ -198,7 +203,7 @@ g_sparse_attn_kernel(const uint16_t *__restrict__ q, const uint16_t *__restrict_
                     bb[nt][1] = (uint32_t)vp[8 * dq] | ((uint32_t)vp[9 * dq] << 16);
                 }
 #pragma unroll
-                for (int mt = 0; mt < 4; mt++) {
+                for (int mt = 0; mt < MTL; mt++) {
                     const __nv_bfloat16 *pa = Ps + (mt * 16 + g) * dp + k0 + 2 * c4;
                     uint32_t a0 = g_ld32(pa), a1 = g_ld32(pa + 8 * dp), a2 = g_ld32(pa + 8), a3 = g_ld32(pa + 8 * dp + 8);
 #pragma unroll
@@ -210,7 +215,7 @@ g_sparse_attn_kernel(const uint16_t *__restrict__ q, const uint16_t *__restrict_
     }
     // epilogue: this thread holds rows (mt*16 + g [+8]) x columns (warp*8*NT + nt*8 + 2*c4 [+1])
 #pragma unroll
-    for (int mt = 0; mt < 4; mt++)
+    for (int mt = 0; mt < MTL; mt++)
 #pragma unroll
         for (int hf = 0; hf < 2; hf++) {
             int r = mt * 16 + g + 8 * hf;
@@ -226,7 +231,7 @@ g_sparse_attn_kernel(const uint16_t *__restrict__ q, const uint16_t *__restrict_
                     *(uint32_t *)(orow + nt * 8) = (uint32_t)g_f2bf(acc[mt][nt][2 * hf] * inv) |
                                                    ((uint32_t)g_f2bf(acc[mt][nt][2 * hf + 1] * inv) << 16);
             } else {
-                float *pp = part + ((((size_t)t * gridDim.y + tile) * NS + split) * AT_MT + r) * (d + 2);
+                float *pp = part + ((((size_t)t * gridDim.y + tile) * NS + split) * MT + r) * (d + 2);
 #pragma unroll
                 for (int nt = 0; nt < NT; nt++) {
                     pp[warp * 8 * NT + nt * 8 + 2 * c4] = acc[mt][nt][2 * hf];
@@ -239,12 +244,12 @@ g_sparse_attn_kernel(const uint16_t *__restrict__ q, const uint16_t *__restrict_
 
 // Merge per-split partials: M = max m_s, l = sum l_s e^{m_s-M} (+ sink), o = sum O_s e^{m_s-M} / l.
 __global__ void g_attn_merge_kernel(const float *__restrict__ part, const float *__restrict__ sink, int H, int d,
-                                    int tiles, int NS, uint16_t *__restrict__ o)
+                                    int tiles, int NS, int MT, uint16_t *__restrict__ o)
 {
     int t = blockIdx.x, h = blockIdx.y;
-    int tile = h / AT_MT, r = h % AT_MT;
-    const float *pp = part + (((size_t)t * tiles + tile) * NS) * AT_MT * (d + 2) + (size_t)r * (d + 2);
-    size_t sstride = (size_t)AT_MT * (d + 2);
+    int tile = h / MT, r = h % MT;
+    const float *pp = part + (((size_t)t * tiles + tile) * NS) * MT * (d + 2) + (size_t)r * (d + 2);
+    size_t sstride = (size_t)MT * (d + 2);
     float M = AT_NEG;
     for (int s = 0; s < NS; s++) M = fmaxf(M, pp[s * sstride + d]);
     float l = 0.0f;
@@ -258,14 +263,14 @@ __global__ void g_attn_merge_kernel(const float *__restrict__ part, const float 
     }
 }
 
-template <int NT, int DD>
+template <int NT, int DD, int MT>
 static int attn_launch(dim3 grid, size_t sm, cudaStream_t st, const uint16_t *q, const uint16_t *kv_a,
                        const uint16_t *kv_b, const int32_t *idx, int L, int n_a, const float *sink, float scale, int H,
                        int cps, uint16_t *o, float *part)
 {
-    G_CHECK(cudaFuncSetAttribute(g_sparse_attn_kernel<NT, DD>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sm));
-    G_CHECK(cudaFuncSetAttribute(g_sparse_attn_kernel<NT, DD>, cudaFuncAttributePreferredSharedMemoryCarveout, 100));
-    g_sparse_attn_kernel<NT, DD><<<grid, AT_THREADS, sm, st>>>(q, kv_a, kv_b, idx, L, n_a, sink, scale, H, cps, o, part);
+    G_CHECK(cudaFuncSetAttribute(g_sparse_attn_kernel<NT, DD, MT>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sm));
+    G_CHECK(cudaFuncSetAttribute(g_sparse_attn_kernel<NT, DD, MT>, cudaFuncAttributePreferredSharedMemoryCarveout, 100));
+    g_sparse_attn_kernel<NT, DD, MT><<<grid, AT_THREADS, sm, st>>>(q, kv_a, kv_b, idx, L, n_a, sink, scale, H, cps, o, part);
     G_LAUNCHED();
     return 0;
 }
@@ -277,29 +282,41 @@ extern "C" int v41g_sparse_attn(const uint16_t *q, const uint16_t *kv_a, const u
     if (T <= 0) return 0;
     if (L <= 0 || (d != 64 && d != 128 && d != 256 && d != 512)) return (int)cudaErrorInvalidValue;
     cudaStream_t st = G_STREAM(s);
-    static_assert(AT_MT == 64 && AT_NW == 16, "S and softmax split assume 64 rows / 16 warps");
-    int tiles = (H + AT_MT - 1) / AT_MT;
+    static_assert(AT_MT == 64 && AT_NW == 16, "S and softmax split assume 32 or 64 rows / 16 warps");
+    // few rows: 32-head tiles double the CTAs (measured faster below ~32 rows); else all 64 heads
+    const int MT = T < 32 ? 32 : AT_MT;
+    int tiles = (H + MT - 1) / MT;
     int nchunks = (L + AT_CK - 1) / AT_CK;
-    // split the list only when the grid would leave most of the 132 SMs (2 blocks each) idle
-    int NS = 1;
-    while ((size_t)T * tiles * NS < 132 && NS * 2 <= nchunks) NS *= 2;
-    while ((nchunks + NS - 1) / NS > AT_MAX_CPS) NS++;
-    int cps = (nchunks + NS - 1) / NS;
-    NS = (nchunks + cps - 1) / cps;
-    at_smem Ly = at_layout(d, cps);
+    // Split the list across CTAs only when there are fewer (row, head-tile) pairs than SMs: one CTA
+    // per SM fits (shared memory), so pick the split count with the fewest sequential chunk steps
+    // (waves x chunks per CTA), the fewest splits on ties (each split adds partial traffic + a merge).
+    int dev = 0, nsm = 132;
+    if (cudaGetDevice(&dev) == cudaSuccess) cudaDeviceGetAttribute(&nsm, cudaDevAttrMultiProcessorCount, dev);
+    int NS = 1, cps = nchunks;
+    long best = -1;
+    for (int ns = 1; ns <= ((long)T * tiles < nsm ? nchunks : 1); ns++) {   // enough rows: never split
+        int c = (nchunks + ns - 1) / ns, nse = (nchunks + c - 1) / c;
+        if (c > AT_MAX_CPS || nse != ns) continue;
+        long waves = ((long)T * tiles * nse + nsm - 1) / nsm;
+        long cost = waves * c;
+        if (best < 0 || cost < best) { best = cost; NS = nse; cps = c; }
+    }
+    at_smem Ly = at_layout(d, cps, MT);
     float *part = NULL;
-    if (NS > 1) G_CHECK(g_tmp_alloc((void **)&part, sizeof(float) * (size_t)T * tiles * NS * AT_MT * (d + 2), st));
+    if (NS > 1) G_CHECK(g_tmp_alloc((void **)&part, sizeof(float) * (size_t)T * tiles * NS * MT * (d + 2), st));
     dim3 grid(T, tiles, NS);
     int rc;
+#define AT_L(NT_, D_, MT_) attn_launch<NT_, D_, MT_>(grid, Ly.total, st, q, kv_a, kv_b, idx, L, n_a, sink, scale, H, cps, o, part)
     switch (d) {
-    case 64: rc = attn_launch<1, 64>(grid, Ly.total, st, q, kv_a, kv_b, idx, L, n_a, sink, scale, H, cps, o, part); break;
-    case 128: rc = attn_launch<1, 128>(grid, Ly.total, st, q, kv_a, kv_b, idx, L, n_a, sink, scale, H, cps, o, part); break;
-    case 256: rc = attn_launch<2, 256>(grid, Ly.total, st, q, kv_a, kv_b, idx, L, n_a, sink, scale, H, cps, o, part); break;
-    default: rc = attn_launch<4, 512>(grid, Ly.total, st, q, kv_a, kv_b, idx, L, n_a, sink, scale, H, cps, o, part); break;
+    case 64: rc = MT == 32 ? AT_L(1, 64, 32) : AT_L(1, 64, 64); break;
+    case 128: rc = MT == 32 ? AT_L(1, 128, 32) : AT_L(1, 128, 64); break;
+    case 256: rc = MT == 32 ? AT_L(2, 256, 32) : AT_L(2, 256, 64); break;
+    default: rc = MT == 32 ? AT_L(4, 512, 32) : AT_L(4, 512, 64); break;
     }
+#undef AT_L
     if (rc) return rc;
     if (NS > 1) {
-        g_attn_merge_kernel<<<dim3(T, H), 128, 0, st>>>(part, sink, H, d, tiles, NS, o);
+        g_attn_merge_kernel<<<dim3(T, H), 128, 0, st>>>(part, sink, H, d, tiles, NS, MT, o);
         G_LAUNCHED();
         G_CHECK(cudaFreeAsync(part, st));
     }

@@ -643,6 +643,7 @@ int v41_cmd_oracle_check(int argc, char **argv)
     o.compat = compat;
     o.threads = threads;
     o.max_requests = C.B;
+    o.replay = false; /* the official code has no bounded replay (SPEC §7) */
     if (v41_ref_engine_create(m, &o, &C.e, &err)) { fprintf(stderr, "oracle-check: %s\n", err.msg); goto out; }
     if (dump_path) {
         char fp[17];

@@ -737,8 +737,15 @@ int v41_cmd_serve_trace(int argc, char **argv)
             } else if (dspark) {
                 /* draft after the verified step: the target produced position q->pos - 1 */
                 int32_t ids[V41_ACC_MAXLEN + 2];
-                if ((rc = s.e->vt->dspark_draft(s.e, q->id, q->pos - 1, q->next, ids, NULL, &err))) goto fail;
-                int B = BS;
+                int B = BS; /* ids = [first, d1..dB] */
+                if (s.e->vt->dspark_draft_batch) {
+                    int p = q->pos - 1;
+                    if ((rc = s.e->vt->dspark_draft_batch(s.e, 1, &q->id, &p, &q->next, ids, NULL, &err))) goto fail;
+                } else {
+                    /* the single-request call returns block_size ids: first, d1..d(B-1) */
+                    if ((rc = s.e->vt->dspark_draft(s.e, q->id, q->pos - 1, q->next, ids, NULL, &err))) goto fail;
+                    B = BS - 1;
+                }
                 if (q->pos + B + 1 > max_len) B = max_len - q->pos - 1;
                 if (B > 0) {
                     q->draft[0] = q->next;

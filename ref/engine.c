@@ -9,6 +9,7 @@
  * index keys, engram token history, DSpark window KV) live in req_state. */
 #include "config.h"
 #include "engine_impl.h"
+#include "engine_serving.h"
 #include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -287,7 +288,10 @@ static int tap_emit(ref_engine *E, const char *name, int layer, v41_tap_kind kin
     for (int i = 0; i < ndim; i++) t.shape[i] = dd[i];
     t.data = data;
     t.order = E->tap_order++;
+    void *sbuf = NULL; /* compacted view (SPEC §7 trimming): row taps scattered to the full rows */
+    if (E->srv_map && v41_srv_tap_scatter(E, &t, &sbuf)) return v41_err_set(err, V41_ENOMEM, "out of memory");
     int rc = s->emit(s->ctx, &t);
+    free(sbuf);
     if (rc) return v41_err_set(err, V41_EINTERNAL, "tap sink aborted at %s (%d)", name, rc);
     return V41_OK;
 }
@@ -315,7 +319,8 @@ static int force_pt(ref_engine *E, const char *name, v41_tap_kind kind, void *ds
     if (!f) return 0;
     if (f->pattern && !v41_tap_match(f->pattern, name)) return 0;
     int64_t shape[3] = {d0, d1, d2};
-    int r = f->fetch(f->ctx, name, E->tap_step, kind, ndim, shape, dst);
+    int r = E->srv_map ? v41_srv_force_fetch(E, f, name, kind, ndim, shape, dst)
+                       : f->fetch(f->ctx, name, E->tap_step, kind, ndim, shape, dst);
     if (r < 0) {
         v41_err_set(err, V41_EINTERNAL, "teacher forcing: source failed at %s", name);
         return -1;
@@ -411,25 +416,7 @@ static req_state *new_req(ref_engine *E, int id, v41_err *err)
 
 /* ------------------------------------------------------------------ forward context */
 
-typedef struct fwd_req {
-    req_state *st;
-    int r0, n, start, E;           /* first row, rows, start position, end position */
-    int floor_;
-    const v41_req *q;
-} fwd_req;
-
-typedef struct fwd {
-    int T, nr;
-    fwd_req *R;
-    int *row_req, *row_pos;
-    /* shared attention state of the current forward (SPEC §5-§6) */
-    int32_t *topk;                 /* [T, kmax] compressed positions, -1 = none */
-    int kmax;
-    int *topk_k;                   /* per request: k */
-    uint8_t *cand;                 /* [T, cmax] candidate mask of the candidate source */
-    int cmax;
-    bool cand_valid;
-} fwd;
+/* fwd_req / fwd: engine_impl.h (shared with engine_serving.c) */
 
 static inline bool is_decode(const fwd_req *q) { return q->n == 1 && q->start > 0; }
 
@@ -582,6 +569,7 @@ static int compressor(ref_engine *E, fwd *F, int l, const float *x, int *emitted
             emitted[q] = 0;
             for (int i = 0; i < R->n; i++) {
                 int pos = R->start + i;
+                if (pos < R->hit) continue; /* replayed rows (cached prefix, SPEC §7): writes suppressed */
                 v41_rmsnorm(kv + (size_t)(R->r0 + i) * d, W->c_norm, d, c->norm_eps, lat + (size_t)nl * d, E->emu);
                 lat_req[nl] = q;
                 lat_j[nl] = pos;
@@ -602,12 +590,13 @@ static int compressor(ref_engine *E, fwd *F, int l, const float *x, int *emitted
             emitted[q] = 0;
             for (int i = 0; i < R->n; i++) {
                 int pos = R->start + i;
+                if (pos < R->hit) continue; /* replayed rows: the cached history and state stay */
                 memcpy(st->kvh[l] + (size_t)pos * d, kv + (size_t)(R->r0 + i) * d, sizeof(float) * d);
                 memcpy(st->sch[l] + (size_t)pos * d, sc + (size_t)(R->r0 + i) * d, sizeof(float) * d);
                 int g0 = pos / m * m;
                 /* official state layout: a row is written into slot pos % m when its group is still
                  * incomplete at the end of this forward or started in an earlier one */
-                if (g0 + m > R->E || g0 < R->start) {
+                if (g0 + m > R->E || g0 < R->hit) {
                     memcpy(st->kvst[l] + (size_t)(pos % m) * d, kv + (size_t)(R->r0 + i) * d, sizeof(float) * d);
                     memcpy(st->scst[l] + (size_t)(pos % m) * d, sc + (size_t)(R->r0 + i) * d, sizeof(float) * d);
                 }
@@ -871,7 +860,8 @@ static int attention(ref_engine *E, fwd *F, int l, const float *x, float *y, v41
 {
     const v41_config *c = E->cfg;
     const layer_w *W = &E->L[l];
-    const int T = F->T, H = c->n_heads, d = c->head_dim, r = c->rope_head_dim, Wn = c->window_size;
+    int T = F->T; /* becomes the kept rows at the cut (SPEC §7 trimming) */
+    const int H = c->n_heads, d = c->head_dim, r = c->rope_head_dim, Wn = c->window_size;
     const int QL = c->q_lora_rank;
     const bool emu = E->emu;
     int rc = V41_OK;
@@ -885,11 +875,6 @@ static int attention(ref_engine *E, fwd *F, int l, const float *x, float *y, v41
     if (rc) goto done;
     for (int t = 0; t < T; t++) v41_rmsnorm(qr + (size_t)t * QL, W->q_norm, QL, c->norm_eps, qr + (size_t)t * QL, emu);
     LTAP(E, l, "attn.qr", V41_TAP_BF16, qr, 2, T, QL, 0, 0);
-    rc = v41_linear(&W->wq_b, qr, T, q, emu, err);
-    if (rc) goto done;
-    for (int t = 0; t < T; t++)
-        for (int h = 0; h < H; h++) v41_rope_apply(&W->rope, q + ((size_t)t * H + h) * d + d - r, F->row_pos[t], false, il, emu);
-    LTAP(E, l, "attn.q", V41_TAP_BF16, q, 3, T, H, d, 0);
     rc = v41_linear(&W->wkv, x, T, kv, emu, err);
     if (rc) goto done;
     for (int t = 0; t < T; t++) {
@@ -927,6 +912,17 @@ static int attention(ref_engine *E, fwd *F, int l, const float *x, float *y, v41
             }
         }
     }
+    if (F->kept && F->cut == l) { /* SPEC §7 decoder side: from the query on, only the kept rows */
+        rc = v41_srv_compact(E, F, l, qr, QL, err);
+        if (rc) goto done;
+        T = F->T;
+    }
+    /* queries (after the KV side: at the cut only the kept rows' queries are computed) */
+    rc = v41_linear(&W->wq_b, qr, T, q, emu, err);
+    if (rc) goto done;
+    for (int t = 0; t < T; t++)
+        for (int h = 0; h < H; h++) v41_rope_apply(&W->rope, q + ((size_t)t * H + h) * d + d - r, F->row_pos[t], false, il, emu);
+    LTAP(E, l, "attn.q", V41_TAP_BF16, q, 3, T, H, d, 0);
     /* key lists: [window part | compressed part] per row (SPEC §4.4 layout) */
     int wmax = 0;
     for (int q2 = 0; q2 < F->nr; q2++) {
@@ -947,7 +943,7 @@ static int attention(ref_engine *E, fwd *F, int l, const float *x, float *y, v41
         const int wl = is_decode(R) ? Wn : (R->E < Wn ? R->E : Wn);
         const int ks = W->ks;
         const int k = m > 0 ? F->topk_k[q2] : 0;
-        const int flo = floored ? R->floor_ : 0;
+        const int flo = floored ? (R->trim && l > F->cut ? R->kv_start : R->floor_) : 0;
 #pragma omp parallel for schedule(static)
         for (int i = 0; i < R->n; i++) {
             const int t = R->r0 + i, p = R->start + i;
@@ -1005,7 +1001,7 @@ static int engram(ref_engine *E, fwd *F, int l, const int32_t *hash_ids, int wid
     if (!rows || !kv) { rc = v41_err_set(err, V41_ENOMEM, "out of memory"); goto done; }
     for (int t = 0; t < T && !rc; t++)
         for (int j = 0; j < width && !rc; j++) {
-            int64_t id = hash_ids[((size_t)t * ne + W->eidx) * width + j];
+            int64_t id = hash_ids[((size_t)(F->full_row ? F->full_row[t] : t) * ne + W->eidx) * width + j];
             rc = v41_dequant_rows(W->eg_emb, W->eg_sc, id, 1, rows + (size_t)t * Kin + (size_t)j * hd, err);
         }
     if (rc) goto done;
@@ -1044,7 +1040,8 @@ static int block(ref_engine *E, fwd *F, int l, float *X, float *premix, v41_err 
 {
     const v41_config *c = E->cfg;
     const layer_w *W = &E->L[l];
-    const int T = F->T, hc = c->hc_mult, D = c->dim, mix = (2 + hc) * hc;
+    int T = F->T;
+    const int hc = c->hc_mult, D = c->dim, mix = (2 + hc) * hc;
     const int64_t hD = (int64_t)hc * D;
     const bool emu = E->emu;
     int rc = V41_OK;
@@ -1073,6 +1070,14 @@ static int block(ref_engine *E, fwd *F, int l, float *X, float *premix, v41_err 
     LTAP(E, l, "attn.norm", V41_TAP_BF16, xa, 2, T, D, 0, 0);
     rc = attention(E, F, l, xa, ya, err);
     if (rc) goto done;
+    if (F->just_cut) { /* the cut's query started the compacted view (SPEC §7): gather this block's rows */
+        F->just_cut = false;
+        v41_srv_gather(F, X, hD);
+        v41_srv_gather(F, aPre, hc);
+        v41_srv_gather(F, aPost, hc);
+        v41_srv_gather(F, aC, (int64_t)hc * hc);
+        T = F->T;
+    }
     for (int t = 0; t < T; t++)
         v41_hc_post(ya + (size_t)t * D, X + t * hD, aPost + t * hc, aC + t * hc * hc, hc, D, Xm + t * hD, emu);
     LFORCE(E, l, "stream.mid", V41_TAP_BF16, Xm, 3, T, hc, D);
@@ -1171,6 +1176,7 @@ static int dspark_seed(ref_engine *E, fwd *F, const float *main_x, v41_err *err)
         rc = v41_linear(&W->wkv, main_x, T, kv, E->emu, err);
         if (rc) break;
         for (int t = 0; t < T; t++) {
+            if (F->kept && !F->kept[t]) continue; /* SPEC §7: context KV of the kept rows only */
             float *k = kv + (size_t)t * d;
             v41_rmsnorm(k, W->kv_norm, d, c->norm_eps, k, E->emu);
             v41_rope_apply(&W->rope, k + d - r, F->row_pos[t], false, il, E->emu);
@@ -1507,10 +1513,8 @@ static int ref_forward(v41_engine *e, const v41_batch *b, v41_out *out, v41_err 
             }
             st = new_req(E, rq->id, err);
             if (!st) { rc = err->code; goto fail; }
-        } else if (rq->start_pos != st->len) {
-            rc = v41_err_set(err, V41_EINVAL, "forward: request %d continues at %d but %d positions are cached "
-                             "(truncate first)", rq->id, rq->start_pos, st->len);
-            goto fail;
+        } else if (rq->start_pos != st->len && (rc = v41_srv_check_start(E, st, rq, err))) {
+            goto fail; /* not the cached length and not a replay of the cached prefix (SPEC §7) */
         }
         F.R[q].st = st;
         F.R[q].q = rq;
@@ -1519,6 +1523,7 @@ static int ref_forward(v41_engine *e, const v41_batch *b, v41_out *out, v41_err 
         F.R[q].start = rq->start_pos;
         F.R[q].E = rq->start_pos + rq->n_tokens;
         F.R[q].floor_ = rq->replay_floor > 0 ? rq->replay_floor : 0;
+        F.R[q].hit = rq->start_pos < st->len ? st->len : rq->start_pos; /* replayed rows: [start, hit) */
         T += rq->n_tokens;
     }
     F.T = T;
@@ -1529,7 +1534,7 @@ static int ref_forward(v41_engine *e, const v41_batch *b, v41_out *out, v41_err 
     float *premix = calloc((size_t)T * hc, sizeof(float));
     const int nt = c->n_dspark_targets;
     const bool dspark = c->dspark_block_size > 0 && c->n_mtp_layers > 0 && nt > 0;
-    float *mh = dspark ? malloc(sizeof(float) * (size_t)T * nt * D) : NULL;
+    float *mh = dspark ? calloc((size_t)T * nt * D, sizeof(float)) : NULL; /* trimmed rows stay 0 */
     const int ew = E->eh ? v41_engram_hash_width(E->eh) : 0;
     const int ne = c->n_engram_layers;
     int32_t *hid = ew ? malloc(sizeof(int32_t) * (size_t)T * ne * ew) : NULL;
@@ -1549,6 +1554,9 @@ static int ref_forward(v41_engine *e, const v41_batch *b, v41_out *out, v41_err 
             }
         }
     GTAP(E, "tokens.in", V41_TAP_I32, tok, 1, T, 0, 0, 0);
+    rc = v41_srv_plan(E, &F, err); /* SPEC §7 decoder side: which rows run after the cut */
+    if (rc) goto done;
+    if (F.kept) GTAP(E, "replay.kept", V41_TAP_U8, F.kept, 1, T, 0, 0, 0);
     /* Engram hash ids of every row (token history per request) */
     if (ew) {
         const int64_t *map = e->model->engram_token_map;
@@ -1583,23 +1591,29 @@ static int ref_forward(v41_engine *e, const v41_batch *b, v41_out *out, v41_err 
         if (W->eidx >= 0) {
             rc = engram(E, &F, l, hid, ew, X, err);
             if (rc) goto done;
-            LTAP(E, l, "engram.out", V41_TAP_BF16, X, 3, T, hc, D, 0);
+            LTAP(E, l, "engram.out", V41_TAP_BF16, X, 3, F.T, hc, D, 0);
         }
-        LFORCE(E, l, "stream.in", V41_TAP_BF16, X, 3, T, hc, D);
-        LFORCE(E, l, "premix.in", V41_TAP_F32, premix, 2, T, hc, 0);
+        /* F.T: the kept rows after the cut (SPEC §7 trimming), else T */
+        LFORCE(E, l, "stream.in", V41_TAP_BF16, X, 3, F.T, hc, D);
+        LFORCE(E, l, "premix.in", V41_TAP_F32, premix, 2, F.T, hc, 0);
         if (dspark && v41_is_dspark_target(c, l)) {
-            for (int t = 0; t < T; t++)
+            for (int t = 0; t < F.T; t++)
                 for (int k = 0; k < D; k++) {
+                    if (!F.full_row && F.kept && !F.kept[t]) break; /* trimmed row: no drafter context (SPEC §7) */
                     float s = 0;
                     for (int j = 0; j < hc; j++) s += X[t * hD + (int64_t)j * D + k];
                     s = s / (float)hc;
-                    mh[((size_t)t * nt + ti) * D + k] = E->emu ? v41_bf16r(s) : s;
+                    mh[((size_t)(F.full_row ? F.full_row[t] : t) * nt + ti) * D + k] = E->emu ? v41_bf16r(s) : s;
                 }
             ti++;
         }
         rc = block(E, &F, l, X, premix, err);
         if (rc) goto done;
         rc = cache_taps(E, &F, l, err);
+        if (rc) goto done;
+    }
+    if (F.full_row) { /* SPEC §7: scatter the kept rows back (trimmed rows: zeros) */
+        rc = v41_srv_expand(E, &F, X, premix, err);
         if (rc) goto done;
     }
     /* final collapse, norm, head */
@@ -1653,11 +1667,13 @@ static int ref_forward(v41_engine *e, const v41_batch *b, v41_out *out, v41_err 
         rc = dspark_seed(E, &F, x, err);
         if (rc) goto done;
     }
-    for (int q = 0; q < F.nr; q++) F.R[q].st->len = F.R[q].E;
+    for (int q = 0; q < F.nr; q++)
+        if (F.R[q].E > F.R[q].st->len) F.R[q].st->len = F.R[q].E; /* a replay ending inside the hit keeps it */
     e->step++;
 done:
     free(tok); free(x); free(X); free(premix); free(mh); free(hid);
 fail:
+    v41_srv_free(E, &F);
     free(F.R); free(F.row_req); free(F.row_pos); free(F.topk); free(F.topk_k); free(F.cand);
     return rc;
 }
@@ -1781,6 +1797,7 @@ int v41_ref_engine_create(const v41_model *m, const v41_engine_opts *o, v41_engi
     if (!inject) inject = getenv("V41_INJECT");
     rc = parse_inject(E, inject, err);
     if (rc) goto fail;
+    if (E->e.opts.dspark_align <= 0) E->e.opts.dspark_align = v41_srv_default_align(E);
     rc = get_t(E, "embed.weight", &E->embed, err);
     if (!rc) rc = load_lin(E, "head", c->vocab_size, c->dim, V41_LIN_F32, &E->head, err);
     if (rc) goto fail;

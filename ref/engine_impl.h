@@ -48,6 +48,39 @@ typedef struct req_state {
     int ik_owner;                  /* --compat official: layer whose index keys were published last */
 } req_state;
 
+/* ---- forward context (shared by engine.c and engine_serving.c) */
+typedef struct fwd_req {
+    req_state *st;
+    int r0, n, start, E;           /* first row, rows, start position, end position */
+    int floor_;
+    const v41_req *q;
+    int hit;                       /* SPEC §7 encoder side: rows at positions < hit are replayed (cached
+                                    * prefix): only their window KV is written; = start without a hit */
+    bool trim;                     /* SPEC §7 decoder side: this request is trimmed after the cut */
+    int kv_start;                  /* window floor of the layers after the cut (trimmed requests) */
+} fwd_req;
+
+typedef struct fwd {
+    int T, nr;
+    fwd_req *R;
+    int *row_req, *row_pos;
+    /* shared attention state of the current forward (SPEC §5-§6) */
+    int32_t *topk;                 /* [T, kmax] compressed positions, -1 = none */
+    int kmax;
+    int *topk_k;                   /* per request: k */
+    uint8_t *cand;                 /* [T, cmax] candidate mask of the candidate source */
+    int cmax;
+    bool cand_valid;
+    /* SPEC §7 decoder-side trimming (engine_serving.c) */
+    int cut;                       /* layer whose attention query starts the compacted view; -1 = none */
+    uint8_t *kept;                 /* [T_full] 1 = row computed after the cut (NULL when replay is off) */
+    int *full_row;                 /* compacted row -> full row; NULL while in the full view */
+    bool just_cut;                 /* set by attention() at the cut; block() gathers its row buffers */
+    int T_full;
+    fwd_req *R_full;               /* the full view, saved while compacted */
+    int *row_req_full, *row_pos_full;
+} fwd;
+
 enum {
     INJ_SINK_DROPPED = 0, INJ_ROPE_HALVES, INJ_SINKHORN_ROWS_LAST, INJ_COMPRESSED_EARLY, INJ_INDEXER_RELU_DROPPED,
     INJ_ROUTER_BIAS_IN_WEIGHTS, INJ_SWA_NOT_FLOORED, INJ_REPLAY_ROWS_MISALIGNED, INJ_DSPARK_PADDING_COUNTED,
@@ -71,6 +104,10 @@ typedef struct ref_engine {
     unsigned char inj[INJ_COUNT][V41_MAX_LAYERS + 1]; /* [fault][layer], [..][V41_MAX_LAYERS] = any */
     int tap_order;
     int tap_step;
+    /* compacted view of the current forward (SPEC §7 trimming): row taps and forcing points are
+     * scattered to / gathered from srv_T full rows (zeros for trimmed rows); NULL = full view */
+    const int *srv_map;
+    int srv_T, srv_Tk;
     /* output buffers */
     float *out_logits;
     int32_t *out_argmax;

@@ -14,6 +14,7 @@
 #include <cblas.h>
 #include <math.h>
 #include <stdlib.h>
+#include <pthread.h>
 #include <time.h>
 #ifdef _OPENMP
 #include <omp.h>
@@ -50,7 +51,6 @@ static void init_luts(void)
     for (int i = 0; i < 256; i++) e4m3_lut[i] = v41_e4m3_to_f32((uint8_t)i);
     for (int i = 0; i < 16; i++) fp4_lut[i] = v41_fp4_to_f32((uint8_t)i);
 }
-#include <pthread.h>
 static pthread_once_t lut_once = PTHREAD_ONCE_INIT;
 
 static int dequant_fast(const v41_tensor *w, const v41_tensor *sc, int64_t r0, int64_t nr, float *out, v41_err *err)
@@ -142,6 +142,51 @@ void v41_sgemm_tiled(const float *A, int64_t lda, int64_t M, const float *B, int
     free(Ct);
 }
 
+/* Column invariance probe: the tiled GEMM relies on every column of a
+ * (nc x V41_GEMM_MT x K) call getting the same arithmetic. That holds for
+ * OpenBLAS's Haswell/Zen kernels (measured) but is not a BLAS guarantee, so it
+ * is checked once per process on representative shapes; when it fails, every
+ * row gets its own 1-column call (slower, still batch-invariant). */
+static int tile_cols = V41_GEMM_MT;
+static pthread_once_t probe_once = PTHREAD_ONCE_INIT;
+static void probe_tiles(void)
+{
+    const int MT = V41_GEMM_MT;
+    const char *ev = getenv("V41_GEMM_ONE_COLUMN"); /* force the fallback (testing) */
+    if (ev && *ev && strcmp(ev, "0")) { tile_cols = 1; return; }
+    const int ncs[] = {7, 24, 64, 256}, Ks[] = {32, 64, 512, 1280};
+    uint32_t seed = 1;
+    for (size_t a = 0; a < sizeof ncs / sizeof ncs[0]; a++)
+        for (size_t b = 0; b < sizeof Ks / sizeof Ks[0]; b++) {
+            int nc = ncs[a], K = Ks[b];
+            float *W = malloc(sizeof(float) * (size_t)nc * K), *A = malloc(sizeof(float) * (size_t)MT * K);
+            float *C = malloc(sizeof(float) * (size_t)nc * MT);
+            if (!W || !A || !C) { free(W); free(A); free(C); tile_cols = 1; return; }
+            for (int i = 0; i < nc * K; i++) { seed = seed * 1664525u + 1013904223u; W[i] = (float)(seed >> 8) * 0x1p-24f - 0.5f; }
+            for (int k = 0; k < K; k++) {
+                seed = seed * 1664525u + 1013904223u;
+                float v = (float)(seed >> 8) * 0x1p-24f - 0.5f;
+                for (int m = 0; m < MT; m++) A[m * K + k] = v;
+            }
+            for (int mode = 0; mode < 2; mode++) {
+                if (mode == 0) cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, nc, MT, K, 1.0f, W, K, A, K, 0.0f, C, MT);
+                else
+                    for (int kb = 0; kb < K / 32; kb++)
+                        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, nc, MT, 32, 1.0f, W + kb * 32, K, A + kb * 32, K,
+                                    kb ? 1.0f : 0.0f, C, MT);
+                for (int n = 0; n < nc; n++)
+                    for (int m = 1; m < MT; m++)
+                        if (memcmp(&C[n * MT], &C[n * MT + m], 4)) tile_cols = 1;
+            }
+            free(W); free(A); free(C);
+        }
+}
+int v41_gemm_tile_cols(void)
+{
+    pthread_once(&probe_once, probe_tiles);
+    return tile_cols;
+}
+
 void v41_blas_single_thread(void)
 {
 #ifdef OPENBLAS_VERSION
@@ -177,6 +222,7 @@ int v41_linear_ld(const v41_lin *L, const float *x, int64_t ldx, int64_t M, floa
         for (int64_t m = 0; m < M; m++) v41_act_quant(A + m * K, (size_t)K, 32, NULL);
     }
     const int64_t nch = (N + NC - 1) / NC;
+    const int tc = v41_gemm_tile_cols();
     int rc = V41_OK;
     v41_err lerr = {0};
     const bool count = gemm_count;
@@ -202,13 +248,16 @@ int v41_linear_ld(const v41_lin *L, const float *x, int64_t ldx, int64_t M, floa
             }
             for (int64_t m0 = 0; m0 < Mp; m0 += MT) {
                 double t0 = count ? now_s() : 0;
-                /* transposed tile: Ct[nc, MT] = W[nc, K] . A[MT, K]^T */
-                if (quant) {
-                    for (int64_t kb = 0; kb < K / 32; kb++)
-                        sgemm_nt((int)nc, MT, 32, W + kb * 32, (int)K, A + m0 * K + kb * 32, (int)K,
-                                 kb ? 1.0f : 0.0f, Ct, MT);
-                } else {
-                    sgemm_nt((int)nc, MT, (int)K, W, (int)K, A + m0 * K, (int)K, 0.0f, Ct, MT);
+                /* transposed tile: Ct[nc, MT] = W[nc, K] . A[MT, K]^T, in calls of tc columns */
+                int64_t mlim = M - m0 < MT ? M - m0 : MT;
+                for (int64_t c0 = 0; c0 < (tc == MT ? MT : mlim); c0 += tc) {
+                    if (quant) {
+                        for (int64_t kb = 0; kb < K / 32; kb++)
+                            sgemm_nt((int)nc, tc, 32, W + kb * 32, (int)K, A + (m0 + c0) * K + kb * 32, (int)K,
+                                     kb ? 1.0f : 0.0f, Ct + c0, MT);
+                    } else {
+                        sgemm_nt((int)nc, tc, (int)K, W, (int)K, A + (m0 + c0) * K, (int)K, 0.0f, Ct + c0, MT);
+                    }
                 }
                 if (count) {
                     gsec += now_s() - t0;

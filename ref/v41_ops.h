@@ -73,6 +73,9 @@ typedef struct v41_lin {
 /* y[M, N] = x[M, K] . W^T. emu=false: fp32 mode (no activation quantization,
  * one fp32 GEMM over all of K, fp32 output). Threaded over column chunks. */
 int v41_linear(const v41_lin *L, const float *x, int64_t M, float *y, bool emu, v41_err *err);
+/* Columns per sgemm call: V41_GEMM_MT when the BLAS passed the column-invariance
+ * probe (run once per process), else 1. */
+int v41_gemm_tile_cols(void);
 /* OpenBLAS: one thread per sgemm call (the engine threads over chunks with OpenMP). */
 void v41_blas_single_thread(void);
 /* Same with an explicit input row stride and output row stride. */

@@ -13,6 +13,6 @@ echo "== golden_fixed.h5 (fixed)"
 "$v41" oracle-check "$dir" "$dir/golden_fixed.h5" | tail -n 1
 echo "== golden.h5 (--compat official)"
 "$v41" oracle-check "$dir" "$dir/golden.h5" --compat official | tail -n 1
-# the check discriminates: the wrong semantics must fail (exit 1)
-rc=0; "$v41" oracle-check "$dir" "$dir/golden.h5" --compat fixed >/dev/null || rc=$?
+# the check discriminates: the wrong semantics must fail (exit 1); the files first differ at step02
+rc=0; "$v41" oracle-check "$dir" "$dir/golden.h5" --compat fixed --steps 2 >/dev/null || rc=$?
 [ "$rc" -eq 1 ] || { echo "golden.h5 with --compat fixed should differ (exit $rc)"; exit 1; }
