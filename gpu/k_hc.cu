@@ -7,61 +7,8 @@
 // fp32): the result matches fp32 dots to ~1e-5 relative, the size of fp32
 // summation-order error over 20480 terms. A second kernel, one warp per token,
 // adds the hi and lo parts, computes the RMS statistic and runs the Sinkhorn
-// normalisation (fp32, every division adds hc_eps). g_hc_dots_kernel (CUDA
-// cores, split-K) is the fallback for other hc_mult values.
+// normalisation (fp32, every division adds hc_eps). hc_mult 1, 2 or 4.
 #include "g_internal.cuh"
-
-#define HC_TOK 4   /* tokens per warp */
-
-template <int H>
-__global__ void g_hc_dots_kernel(const uint16_t *__restrict__ X, const float *__restrict__ fn, int T, int D,
-                                 int kchunk, float *__restrict__ part /*[KS, T, NM+1]*/)
-{
-    constexpr int NM = (2 + H) * H;
-    const int hD = H * D;
-    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    int t0 = (blockIdx.x * (blockDim.x >> 5) + warp) * HC_TOK;
-    if (t0 >= T) return;
-    int k0 = blockIdx.y * kchunk, k1 = min(hD, k0 + kchunk);
-    float acc[HC_TOK][NM], ss[HC_TOK];
-#pragma unroll
-    for (int a = 0; a < HC_TOK; a++) { ss[a] = 0.0f;
-#pragma unroll
-        for (int m = 0; m < NM; m++) acc[a][m] = 0.0f; }
-    for (int k = k0 + lane * 8; k < k1; k += 256) {
-        float xv[HC_TOK][8];
-#pragma unroll
-        for (int a = 0; a < HC_TOK; a++) {
-            int t = min(t0 + a, T - 1);
-            uint4 v = *(const uint4 *)(X + (size_t)t * hD + k);
-            const uint16_t *e = (const uint16_t *)&v;
-#pragma unroll
-            for (int j = 0; j < 8; j++) { xv[a][j] = g_bf2f(e[j]); ss[a] += xv[a][j] * xv[a][j]; }
-        }
-#pragma unroll
-        for (int m = 0; m < NM; m++) {
-            float4 f0 = __ldg((const float4 *)(fn + (size_t)m * hD + k));
-            float4 f1 = __ldg((const float4 *)(fn + (size_t)m * hD + k + 4));
-#pragma unroll
-            for (int a = 0; a < HC_TOK; a++)
-                acc[a][m] += xv[a][0] * f0.x + xv[a][1] * f0.y + xv[a][2] * f0.z + xv[a][3] * f0.w +
-                             xv[a][4] * f1.x + xv[a][5] * f1.y + xv[a][6] * f1.z + xv[a][7] * f1.w;
-        }
-    }
-#pragma unroll
-    for (int a = 0; a < HC_TOK; a++) {
-        float sv = g_warp_sum(ss[a]);
-        float mine = 0.0f;
-#pragma unroll
-        for (int m = 0; m < NM; m++) { float r = g_warp_sum(acc[a][m]); if (lane == m) mine = r; }
-        int t = t0 + a;
-        if (t < T) {
-            float *p = part + ((size_t)blockIdx.y * T + t) * (NM + 1);
-            if (lane < NM) p[lane] = mine;
-            if (lane == 0) p[NM] = sv;
-        }
-    }
-}
 
 __device__ __forceinline__ float g_sigmoid(float x) { return 1.0f / (1.0f + expf(-x)); }
 
@@ -103,40 +50,6 @@ __device__ __forceinline__ void g_sinkhorn(const float *m, const float *sc, cons
             for (int i = 0; i < H; i++) C[i][j] /= s + hc_eps;
         }
     }
-}
-
-template <int H>
-__global__ void g_hc_sinkhorn_kernel(const float *__restrict__ part, int KS, int T, int D,
-                                     const float *__restrict__ base, const float *__restrict__ sc,
-                                     float norm_eps, float hc_eps, int iters,
-                                     float *pre, float *post, float *comb)
-{
-    constexpr int NM = (2 + H) * H;
-    int t = blockIdx.x * blockDim.x + threadIdx.x;
-    if (t >= T) return;
-    float m[NM], sq = 0.0f;
-#pragma unroll
-    for (int i = 0; i < NM; i++) m[i] = 0.0f;
-    for (int ks = 0; ks < KS; ks++) {
-        const float *p = part + ((size_t)ks * T + t) * (NM + 1);
-#pragma unroll
-        for (int i = 0; i < NM; i++) m[i] += p[i];
-        sq += p[NM];
-    }
-    float r = 1.0f / sqrtf(sq / (float)(H * D) + norm_eps);
-#pragma unroll
-    for (int i = 0; i < NM; i++) m[i] *= r;
-#pragma unroll
-    for (int i = 0; i < H; i++) {
-        pre[(size_t)t * H + i] = g_sigmoid(m[i] * sc[0] + base[i]) + hc_eps;
-        post[(size_t)t * H + i] = 2.0f * g_sigmoid(m[H + i] * sc[1] + base[H + i]);
-    }
-    float C[H][H];
-    g_sinkhorn<H>(m, sc, base, hc_eps, iters, C);
-#pragma unroll
-    for (int i = 0; i < H; i++)
-#pragma unroll
-        for (int j = 0; j < H; j++) comb[(size_t)t * H * H + i * H + j] = C[i][j];
 }
 
 __global__ void g_hc_split_kernel(const float *__restrict__ fn, size_t n, uint16_t *__restrict__ hi,
@@ -218,53 +131,21 @@ extern "C" int v41g_hc_mixes2(const uint16_t *X, const uint16_t *fn2, const floa
     return 0;
 }
 
-template <int H>
-static int hc_mixes_h(const uint16_t *X, const float *fn, const float *base, const float *scale3, int T, int D,
-                      float norm_eps, float hc_eps, int iters, float *pre, float *post, float *comb, cudaStream_t st)
-{
-    constexpr int NM = (2 + H) * H;
-    int hD = H * D;
-    int warps_needed = (T + HC_TOK - 1) / HC_TOK;
-    int gx = (warps_needed + 7) / 8;
-    // split K until ~2 blocks per SM (132 SMs on an H200), chunks a multiple of 256
-    int ks = 1;
-    while (gx * ks < 264 && (hD / (ks * 2)) >= 1024) ks *= 2;
-    int kchunk = ((hD + ks - 1) / ks + 255) / 256 * 256;
-    ks = (hD + kchunk - 1) / kchunk;
-    float *part = NULL;
-    G_CHECK(g_tmp_alloc((void **)&part, sizeof(float) * (size_t)ks * T * (NM + 1), st));
-    g_hc_dots_kernel<H><<<dim3(gx, ks), 256, 0, st>>>(X, fn, T, D, kchunk, part);
-    G_LAUNCHED();
-    g_hc_sinkhorn_kernel<H><<<(T + 127) / 128, 128, 0, st>>>(part, ks, T, D, base, scale3, norm_eps, hc_eps,
-                                                             iters, pre, post, comb);
-    G_LAUNCHED();
-    G_CHECK(cudaFreeAsync(part, st));
-    return 0;
-}
-
 extern "C" int v41g_hc_mixes(const uint16_t *X, const float *fn, const float *base, const float *scale3,
                              int T, int h, int D, float norm_eps, float hc_eps, int iters,
                              float *pre, float *post, float *comb, v41g_stream s)
 {
     if (T <= 0) return 0;
-    if ((h * D) % 256) return (int)cudaErrorInvalidValue;   // 8-wide vectors x 32 lanes
+    if (h != 1 && h != 2 && h != 4) return (int)cudaErrorInvalidValue;
     cudaStream_t st = G_STREAM(s);
-    if (h == 1 || h == 2 || h == 4) {   // tensor-core path (hi/lo split of fn, done here per call)
-        uint16_t *fn2 = NULL;
-        size_t n = (size_t)(2 + h) * h * h * D;
-        G_CHECK(g_tmp_alloc((void **)&fn2, 2 * n * sizeof(uint16_t), st));
-        int rc = v41g_hc_split_fn(fn, h, D, fn2, s);
-        if (!rc) rc = v41g_hc_mixes2(X, fn2, base, scale3, T, h, D, norm_eps, hc_eps, iters, pre, post, comb, s);
-        if (rc) return rc;
-        G_CHECK(cudaFreeAsync(fn2, st));
-        return 0;
-    }
-    switch (h) {
-    case 1: return hc_mixes_h<1>(X, fn, base, scale3, T, D, norm_eps, hc_eps, iters, pre, post, comb, st);
-    case 2: return hc_mixes_h<2>(X, fn, base, scale3, T, D, norm_eps, hc_eps, iters, pre, post, comb, st);
-    case 4: return hc_mixes_h<4>(X, fn, base, scale3, T, D, norm_eps, hc_eps, iters, pre, post, comb, st);
-    default: return (int)cudaErrorInvalidValue;
-    }
+    uint16_t *fn2 = NULL;   // the hi/lo split, here per call (an engine does it once at upload)
+    size_t n = (size_t)(2 + h) * h * h * D;
+    G_CHECK(g_tmp_alloc((void **)&fn2, 2 * n * sizeof(uint16_t), st));
+    int rc = v41g_hc_split_fn(fn, h, D, fn2, s);
+    if (!rc) rc = v41g_hc_mixes2(X, fn2, base, scale3, T, h, D, norm_eps, hc_eps, iters, pre, post, comb, s);
+    if (rc) return rc;
+    G_CHECK(cudaFreeAsync(fn2, st));
+    return 0;
 }
 
 // y[t,:] = bf16(sum_i p[t,i] X[t,i,:]); one thread per 8-vector of D.

@@ -55,3 +55,43 @@ set -e
 [ $rc -eq 2 ] || { echo "malformed trace: exit $rc, want 2"; exit 1; }
 grep -Eq "(line 2|jsonl:2:)" "$tmp/err" || { echo "error does not name line 2:"; cat "$tmp/err"; exit 1; }
 echo "malformed trace rejected: $(cat "$tmp/err")"
+# 5. (serving helper) prefix hits with encoder-side replay: request 2 shares 2 blocks of 8 tokens (16 > W = 8)
+#    with request 1, request 3 shares 3 blocks (24); arrivals 100 s apart (the idle clock jumps), so each
+#    request finds the previous ones cached and forks them (start at H - W with the replay floor).
+#    DSpark stays lossless on the hit requests.
+cat > "$tmp/hit.jsonl" <<'TREOF'
+{"timestamp": 0, "input_length": 26, "output_length": 5, "hash_ids": [1, 2, 3, 4]}
+{"timestamp": 100000, "input_length": 27, "output_length": 5, "hash_ids": [1, 2, 5, 6]}
+{"timestamp": 200000, "input_length": 28, "output_length": 5, "hash_ids": [1, 2, 3, 7]}
+TREOF
+"$V41" serve-trace --trace "$tmp/hit.jsonl" --len-scale 1 --max-len 48 --json "$tmp/hit.json" >/dev/null
+"$V41" serve-trace --trace "$tmp/hit.jsonl" --len-scale 1 --max-len 48 --dspark --json "$tmp/hitspec.json" >/dev/null
+"$PY" - "$tmp/hit.json" "$tmp/hitspec.json" <<'PYEOF'
+import json, sys
+a = json.load(open(sys.argv[1])); b = json.load(open(sys.argv[2]))
+W = 8
+assert [r["hit"] for r in a["requests"]] == [0, 16, 24], [r["hit"] for r in a["requests"]]
+assert a["hit_tokens"] == 40 and a["replay_rows"] == 2 * W, (a["hit_tokens"], a["replay_rows"])
+hits = [r for r in a["requests"] if r["hit"] > 0]
+# the first prefill item of a hit request starts at H - W with the floor there
+for r in hits:
+    it = [i for s in a["steps"] for i in s["items"] if i["req"] == r["id"] and i["kind"] == "prefill"][0]
+    assert it["start"] == r["hit"] - W and it["floor"] == r["hit"] - W, it
+for ra, rb in zip(a["requests"], b["requests"]):
+    assert ra["hit"] == rb["hit"] and ra["output_ids"] == rb["output_ids"], ("DSpark changed a hit request's output", ra, rb)
+print("serve-trace: prefix hits", [r["hit"] for r in a["requests"]], "replayed rows", a["replay_rows"], "lossless with DSpark")
+PYEOF
+# 6. (serving helper) replay-study on prompts > W: layers up to the cut are unchanged at the last prompt row,
+#    the trimmed layers diverge, and trimming saves prefill rows and FLOPs.
+"$V41" replay-study --random-prompts 2:24 --steps 2 --json "$tmp/rs2.json" >/dev/null
+"$PY" - "$tmp/rs2.json" <<'PYEOF'
+import json, sys
+r = json.load(open(sys.argv[1]))
+cut, lay = r["cut_layer"], r["layer_rel_rms"]
+assert all(x == 0.0 for x in lay[:cut]), ("layers before the cut changed", lay)
+assert any(x > 0 for x in lay[cut:]), ("no divergence from the cut on", lay)
+assert r["layer_rows_saved"] == 2 * (24 - 8) * (len(lay) - cut - 1), r["layer_rows_saved"]
+assert r["flops_replay_on"] < r["flops_replay_off"], r
+assert r["kl_max"] > 0, "logits unchanged by trimming of prompts > W"
+print("replay-study: prompts > W: divergence from layer", cut, "on, rows saved", r["layer_rows_saved"])
+PYEOF
