@@ -245,6 +245,7 @@ int v41_bench_ref(int argc, char **argv)
     for (int i = 0; i < T + ND; i++) tok[i] = (int32_t)(mix64((uint64_t)i) % vocab);
     v41_gemm_count_enable(true);
     v41_gemm_stats(NULL, NULL, NULL, true);
+    v41_gemm_dequant_stats(NULL, true);
     v41_req r = {.id = 0, .start_pos = 0, .n_tokens = T, .tokens = tok};
     v41_batch b = {1, &r};
     v41_out out;
@@ -252,6 +253,8 @@ int v41_bench_ref(int argc, char **argv)
     if (v41_engine_forward(e, &b, &out, &err)) { fprintf(stderr, "bench ref: prefill: %s\n", err.msg); goto out; }
     double tp = now_s() - tp0, pg_s, pg_fl, pl_s;
     v41_gemm_stats(&pg_s, &pg_fl, &pl_s, true);
+    double pq_s, dq_s;
+    v41_gemm_dequant_stats(&pq_s, true);
     double td0 = now_s();
     for (int s = 0; s < ND; s++) {
         v41_req rd = {.id = 0, .start_pos = T + s, .n_tokens = 1, .tokens = tok + T + s};
@@ -260,6 +263,7 @@ int v41_bench_ref(int argc, char **argv)
     }
     double td = now_s() - td0, dg_s, dg_fl, dl_s;
     v41_gemm_stats(&dg_s, &dg_fl, &dl_s, true);
+    v41_gemm_dequant_stats(&dq_s, true);
     v41_gemm_count_enable(false);
     /* bare sgemm of the layer's shapes (prefill M = T; routed experts at their mean M) */
     int64_t me = (int64_t)T * 6 / n_exp;
@@ -281,6 +285,11 @@ int v41_bench_ref(int argc, char **argv)
     /* engine GEMM rate: executed flops per wall second of sgemm (thread-seconds / threads) */
     double p_gf = pg_s > 0 ? pg_fl / (pg_s / threads) / 1e9 : 0, d_gf = dg_s > 0 ? dg_fl / (dg_s / threads) / 1e9 : 0;
     double p_frac = pg_s / threads / tp, d_frac = ND ? dg_s / threads / td : 0;
+    double p_dq = pq_s / threads / tp, d_dq = ND ? dq_s / threads / td : 0;
+    /* whole-layer time over its GEMM (sgemm) time: 1 / gemm fraction (target <= 1.5) */
+    double p_ratio = p_frac > 0 ? 1 / p_frac : 0, d_ratio = d_frac > 0 ? 1 / d_frac : 0;
+    const int tmode = v41_gemm_tile_mode();
+    const char *tdesc = tmode == 1 ? "16 (fixed)" : "1 (fallback)";
     if (json) {
         cJSON *j = cJSON_CreateObject();
         cJSON_AddStringToObject(j, "engine", "ref");
@@ -294,12 +303,17 @@ int v41_bench_ref(int argc, char **argv)
         cJSON_AddNumberToObject(j, "prefill_gemm_fraction", p_frac);
         cJSON_AddNumberToObject(j, "prefill_linear_fraction", pl_s / tp);
         cJSON_AddNumberToObject(j, "prefill_gemm_gflops", p_gf);
+        cJSON_AddNumberToObject(j, "prefill_dequant_fraction", p_dq);
+        cJSON_AddNumberToObject(j, "prefill_layer_over_gemm", p_ratio);
         cJSON_AddNumberToObject(j, "decode_steps", ND);
         cJSON_AddNumberToObject(j, "decode_s", td);
         cJSON_AddNumberToObject(j, "decode_tokens_per_s", ND ? ND / td : 0);
         cJSON_AddNumberToObject(j, "decode_gemm_fraction", d_frac);
         cJSON_AddNumberToObject(j, "decode_linear_fraction", ND ? dl_s / td : 0);
         cJSON_AddNumberToObject(j, "decode_gemm_gflops", d_gf);
+        cJSON_AddNumberToObject(j, "decode_dequant_fraction", d_dq);
+        cJSON_AddNumberToObject(j, "decode_layer_over_gemm", d_ratio);
+        cJSON_AddStringToObject(j, "gemm_column_tiles", tdesc);
         cJSON_AddNumberToObject(j, "bare_sgemm_gflops", bare);
         cJSON_AddNumberToObject(j, "bare_sgemm_decode_gflops", bare_d);
         cJSON_AddNumberToObject(j, "gemm_vs_bare", bare > 0 ? p_gf / bare : 0);
@@ -312,10 +326,11 @@ int v41_bench_ref(int argc, char **argv)
         printf("v41 bench ref: one V4.1-Flash-shaped layer (ratio-2 kv+index source, %d experts), %d threads, emulate\n",
                n_exp, threads);
         printf("  weights (synthetic, storage formats): %.2f GB, built in %.1f s; peak RSS %.2f GB\n", gbytes / 1e9, tgen, rss_gb);
-        printf("  prefill %d tokens: %.2f s = %.1f tokens/s; sgemm %.0f%% of the time, Linear (dequant+sgemm) %.0f%%\n", T, tp,
-               T / tp, 100 * p_frac, 100 * pl_s / tp);
-        printf("  decode %d steps: %.2f s = %.2f tokens/s; sgemm %.0f%% of the time, Linear %.0f%%\n", ND, td,
-               ND ? ND / td : 0, 100 * d_frac, ND ? 100 * dl_s / td : 0);
+        printf("  prefill %d tokens: %.2f s = %.1f tokens/s; sgemm %.0f%% of the time (layer = %.2fx GEMM), Linear (dequant+sgemm) %.0f%%, dequant %.0f%%\n",
+               T, tp, T / tp, 100 * p_frac, p_ratio, 100 * pl_s / tp, 100 * p_dq);
+        printf("  decode %d steps: %.2f s = %.2f tokens/s; sgemm %.0f%% of the time (layer = %.2fx GEMM), Linear %.0f%%, dequant %.0f%%\n",
+               ND, td, ND ? ND / td : 0, 100 * d_frac, d_ratio, ND ? 100 * dl_s / td : 0, 100 * d_dq);
+        printf("  sgemm column tiles: %s\n", tdesc);
         printf("  engine sgemm: prefill %.1f GFLOP/s, decode %.1f GFLOP/s (executed flops, padded tiles included)\n", p_gf, d_gf);
         printf("  bare cblas_sgemm, same shapes, same run: %.1f GFLOP/s (prefill shapes), %.1f GFLOP/s (M=1)\n", bare, bare_d);
         printf("  engine GEMM / bare sgemm (prefill): %.2f\n", bare > 0 ? p_gf / bare : 0);

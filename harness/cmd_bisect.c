@@ -129,6 +129,8 @@ int v41_bisect_run(const v41_model *m, const v41_run_inputs *in, const v41_bisec
     v41_run_opts o;
     v41_run_opts_default(&o);
     o.compat = c->compat;
+    o.replay = !c->no_replay;
+    o.dspark_align = c->dspark_align;
     o.threads = c->threads;
     o.steps = c->steps;
     o.dspark = c->dspark;

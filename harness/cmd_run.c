@@ -71,6 +71,12 @@ int v41_cli_common_arg(v41_cli_common *c, int argc, char **argv, int *ip, v41_er
     } else if (!strcmp(a, "--no-dspark")) {
         c->dspark = false;
         c->no_dspark = true;
+    } else if (!strcmp(a, "--no-replay")) {
+        c->no_replay = true;
+    } else if (!strcmp(a, "--dspark-align")) {
+        if (need(argc, argv, i, err)) return -1;
+        if (parse_int(argv[++i], 0, 4096, &v)) { v41_err_set(err, V41_EINVAL, "bad --dspark-align '%s'", argv[i]); return -1; }
+        c->dspark_align = (int)v;
     } else if (!strcmp(a, "--taps")) {
         if (need(argc, argv, i, err)) return -1;
         c->taps = argv[++i];
@@ -110,6 +116,8 @@ const char *v41_cli_common_help(void)
            "  --steps K             greedy decode steps after the prefill (default 4)\n"
            "  --dspark              DSpark draft after every decode step (dspark.* taps)\n"
            "  --compat fixed|official  index-key semantics (default fixed)\n"
+           "  --no-replay           bounded replay off: no decoder-side trimming (SPEC §7)\n"
+           "  --dspark-align N      pad DSpark index lists to a multiple of N (-1 = zero weight)\n"
            "  --threads N           engine threads (0 = default)\n"
            "  --taps PATTERN        glob list of tap names to dump (default all)\n";
 }
@@ -179,6 +187,8 @@ int v41_cmd_run(int argc, char **argv)
     char cmdline[2048];
     v41_cli_command_line(argc, argv, cmdline, sizeof cmdline);
     o.compat = c.compat;
+    o.replay = !c.no_replay;
+    o.dspark_align = c.dspark_align;
     o.threads = c.threads;
     o.inject = c.inject;
     o.steps = c.steps;

@@ -501,6 +501,8 @@ int v41_cmd_serve_trace(int argc, char **argv)
     srv s;
     memset(&s, 0, sizeof s);
     cJSON *steps_j = cJSON_CreateArray();
+    v41_req *br = NULL;
+    int *bq = NULL;
     int rc = v41_model_load(spec, &m, &err);
     if (rc) goto fail;
     const v41_config *cfg = &m->cfg;
@@ -576,12 +578,12 @@ int v41_cmd_serve_trace(int argc, char **argv)
     s.cache = calloc((size_t)s.cap_cache, sizeof *s.cache);
 
     /* ---- the scheduling loop */
-    v41_req *br = calloc((size_t)s.n, sizeof *br);
-    int *bq = calloc((size_t)s.n, sizeof *bq);
+    br = calloc((size_t)s.n, sizeof *br);
+    bq = calloc((size_t)s.n, sizeof *bq);
     int64_t hist[V41_ACC_MAXLEN + 1] = {0};
     double clock = 0, busy = 0;
     int done = 0, nstep = 0, next_arrival = 0;
-    int64_t rows_total = 0, hit_total = 0, replay_rows = 0;
+    int64_t rows_total = 0, hit_total = 0, replay_rows = 0, trimmed_rows = 0;
     bool tty = v41_isatty_stderr();
     while (done < s.n) {
         /* admit arrivals (virtual clock = sum of measured step times; idle: jump to the next arrival) */
@@ -672,6 +674,8 @@ int v41_cmd_serve_trace(int argc, char **argv)
             cJSON_AddNumberToObject(it, "new_from", q->hit > br[k].start_pos ? q->hit : br[k].start_pos);
             cJSON_AddBoolToObject(it, "trim", replay && q->st == RS_PREFILL);
             cJSON_AddItemToArray(items, it);
+            /* decoder-side trimming (SPEC §7): rows of a prompt chunk beyond its last W skip the layers after the cut */
+            if (replay && q->st == RS_PREFILL && br[k].n_tokens > W) trimmed_rows += br[k].n_tokens - W;
         }
         cJSON_AddItemToArray(steps_j, sj);
         clock += dt;
@@ -773,8 +777,8 @@ int v41_cmd_serve_trace(int argc, char **argv)
     }
     printf("serve-trace: model %s, engine %s, %d requests, %d steps, %lld rows, %.3f s busy\n", m->source, eng, s.n,
            nstep, (long long)rows_total, busy);
-    printf("  prefix cache: %lld tokens hit, %lld replayed rows (replay %s)\n", (long long)hit_total,
-           (long long)replay_rows, replay ? "on" : "off");
+    printf("  prefix cache: %lld tokens hit, %lld replayed rows (replay %s); %lld prompt rows trimmed after the cut\n",
+           (long long)hit_total, (long long)replay_rows, replay ? "on" : "off", (long long)trimmed_rows);
     printf("  mean TTFT %.4f s, mean TPOT %.4f s\n", ttft_sum / s.n, tpot_n ? tpot_sum / tpot_n : 0.0);
     if (dspark)
         printf("  DSpark: %lld verify steps, %lld drafted, %lld accepted (mean acceptance length %.3f incl. bonus)\n",
@@ -794,6 +798,7 @@ int v41_cmd_serve_trace(int argc, char **argv)
         cJSON_AddNumberToObject(j, "rows", (double)rows_total);
         cJSON_AddNumberToObject(j, "hit_tokens", (double)hit_total);
         cJSON_AddNumberToObject(j, "replay_rows", (double)replay_rows);
+        cJSON_AddNumberToObject(j, "trimmed_rows", (double)trimmed_rows);
         cJSON *h = cJSON_AddArrayToObject(j, "accepted_hist");
         if (dspark)
             for (int k = 0; k <= BS; k++) cJSON_AddItemToArray(h, cJSON_CreateNumber((double)hist[k]));
@@ -820,9 +825,9 @@ int v41_cmd_serve_trace(int argc, char **argv)
         rc = write_json_file(json, j, &err);
         cJSON_Delete(j);
     }
+fail:
     free(br);
     free(bq);
-fail:
     cJSON_Delete(steps_j);
     for (int i = 0; i < s.n_cache; i++) free(s.cache[i].hash);
     free(s.cache);

@@ -159,6 +159,7 @@ int v41_run_engine_create(const v41_model *m, const v41_run_opts *o, v41_engine 
     eo.compat = o->compat;
     eo.threads = o->threads;
     eo.replay = o->replay;
+    eo.dspark_align = o->dspark_align;
     eo.inject = o->inject;
     if (!strcmp(o->side.engine, "gpu")) return v41_gpu_engine_create(m, &eo, out, err);
     return v41_ref_engine_create(m, &eo, out, err);

@@ -14,6 +14,8 @@ typedef struct v41_cli_common {
     uint64_t seed;
     int steps;
     bool dspark, no_dspark;
+    bool no_replay;           /* --no-replay: bounded replay off (SPEC §7) */
+    int dspark_align;         /* --dspark-align N: DSpark index-list padding width alignment */
     const char *taps;
     const char *inject;
     int threads;

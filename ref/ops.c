@@ -23,7 +23,7 @@
 /* ------------------------------------------------------------------ GEMM */
 
 /* benchmark counters of the calling thread (v41 bench ref); off unless enabled */
-static _Thread_local double gemm_secs, gemm_flops, lin_secs;
+static _Thread_local double gemm_secs, gemm_flops, lin_secs, dq_secs;
 static _Thread_local bool gemm_count;
 
 double v41_gemm_seconds(bool reset)
@@ -33,6 +33,11 @@ double v41_gemm_seconds(bool reset)
     return s;
 }
 void v41_gemm_count_enable(bool on) { gemm_count = on; }
+void v41_gemm_dequant_stats(double *dequant_thread_s, bool reset)
+{
+    if (dequant_thread_s) *dequant_thread_s = dq_secs;
+    if (reset) dq_secs = 0;
+}
 void v41_gemm_stats(double *sgemm_thread_s, double *flops, double *linear_wall_s, bool reset)
 {
     if (sgemm_thread_s) *sgemm_thread_s = gemm_secs;
@@ -44,14 +49,176 @@ void v41_gemm_stats(double *sgemm_thread_s, double *flops, double *linear_wall_s
 /* ------------------------------------------------------------------ fast dequantization */
 
 /* Same values as v41_dequant_rows (exact products of a code and a power-of-two
- * scale), through lookup tables. Falls back to quant.c for other layouts. */
-static float e4m3_lut[256], fp4_lut[16];
-static void init_luts(void)
+ * scale), but the codes are decoded arithmetically (bit assembly, no table
+ * lookups) so the loops vectorize. Every step is exact, so the values are
+ * bitwise those of quant.c; this is verified once per process on every code
+ * (dq_check), and a mismatch falls back to quant.c. */
+#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__)
+#define V41_VEC __attribute__((target_clones("avx2", "default"), optimize("tree-vectorize")))
+#else
+#define V41_VEC
+#endif
+
+static inline float bits_f(uint32_t u)
 {
-    for (int i = 0; i < 256; i++) e4m3_lut[i] = v41_e4m3_to_f32((uint8_t)i);
-    for (int i = 0; i < 16; i++) fp4_lut[i] = v41_fp4_to_f32((uint8_t)i);
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
 }
-static pthread_once_t lut_once = PTHREAD_ONCE_INIT;
+
+/* e4m3 magnitude bits of a code: normal 2^(e-7)(1+m/8) = fp32 ((e+120) << 23 | m << 20),
+ * subnormal (e = 0) m * 2^-9, NaN (e = 15, m = 7); sign ORed in. */
+static inline uint32_t e4m3_bits(uint32_t b)
+{
+    uint32_t e = (b >> 3) & 15u, m = b & 7u;
+    float sub = (float)m * 0x1p-9f;
+    uint32_t su;
+    memcpy(&su, &sub, 4);
+    uint32_t u = e ? (((e + 120u) << 23) | (m << 20)) : su;
+    u = (b & 0x7fu) == 0x7fu ? 0x7fc00000u : u;
+    return u | ((b & 0x80u) << 24);
+}
+/* fp4 (e2m1) code -> fp32 bits: 0, 0.5, then 2^(i/2-1) * (1 + (i&1)/2) for i >= 2; bit 3 = sign */
+static inline uint32_t fp4_bits(uint32_t c)
+{
+    uint32_t i = c & 7u;
+    uint32_t u = i >= 2 ? (((126u + (i >> 1)) << 23) | ((i & 1u) << 22)) : (i ? 0x3f000000u : 0u);
+    return u | ((c & 8u) << 28);
+}
+
+#if defined(__GNUC__) && defined(__x86_64__)
+#include <immintrin.h>
+#define V41_HAVE_AVX2_DQ 1
+/* AVX2 versions (the same exact bit assembly; selected at run time, dq_check
+ * compares them with quant.c on every code and scale). */
+__attribute__((target("avx2"))) static void dq_e4m3_row_avx2(const uint8_t *q, const uint8_t *sr, int64_t nbk, float *o)
+{
+    const __m256i c7f = _mm256_set1_epi32(0x7f), c78 = _mm256_set1_epi32(0x78), c80 = _mm256_set1_epi32(0x80);
+    const __m256i c7 = _mm256_set1_epi32(7), bias = _mm256_set1_epi32(120 << 23), nan = _mm256_set1_epi32(0x7fc00000);
+    const __m256i zero = _mm256_setzero_si256();
+    const __m256 s9 = _mm256_set1_ps(0x1p-9f);
+    for (int64_t b = 0; b < nbk; b++) {
+        const __m256 f = _mm256_set1_ps(v41_e8m0_to_f32(sr[b]));
+        for (int g = 0; g < 4; g++) {
+            __m128i by = _mm_loadl_epi64((const __m128i *)(q + b * 32 + g * 8));
+            __m256i v = _mm256_cvtepu8_epi32(by);
+            __m256i mag = _mm256_and_si256(v, c7f);
+            __m256i nrm = _mm256_add_epi32(_mm256_slli_epi32(mag, 20), bias);
+            __m256i sub = _mm256_castps_si256(_mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_and_si256(v, c7)), s9));
+            __m256i isz = _mm256_cmpeq_epi32(_mm256_and_si256(v, c78), zero);
+            __m256i u = _mm256_blendv_epi8(nrm, sub, isz);
+            u = _mm256_blendv_epi8(u, nan, _mm256_cmpeq_epi32(mag, c7f));
+            u = _mm256_or_si256(u, _mm256_slli_epi32(_mm256_and_si256(v, c80), 24));
+            _mm256_storeu_ps(o + b * 32 + g * 8, _mm256_mul_ps(_mm256_castsi256_ps(u), f));
+        }
+    }
+}
+__attribute__((target("avx2"))) static void dq_fp4_row_avx2(const uint8_t *q, const uint8_t *sr, int64_t nbk, float *o)
+{
+    /* bf16 bits of the 16 codes: high and low bytes, looked up with pshufb */
+    const __m128i th = _mm_setr_epi8(0x00, 0x3f, 0x3f, 0x3f, 0x40, 0x40, 0x40, 0x40, (char)0x80, (char)0xbf, (char)0xbf,
+                                     (char)0xbf, (char)0xc0, (char)0xc0, (char)0xc0, (char)0xc0);
+    const __m128i tl = _mm_setr_epi8(0x00, 0x00, (char)0x80, (char)0xc0, 0x00, 0x40, (char)0x80, (char)0xc0, 0x00, 0x00,
+                                     (char)0x80, (char)0xc0, 0x00, 0x40, (char)0x80, (char)0xc0);
+    const __m128i m4 = _mm_set1_epi8(15);
+    for (int64_t b = 0; b < nbk; b++) {
+        const __m256 f = _mm256_set1_ps(v41_e8m0_to_f32(sr[b]));
+        __m128i v = _mm_loadu_si128((const __m128i *)(q + b * 16));
+        __m128i lo = _mm_and_si128(v, m4), hi = _mm_and_si128(_mm_srli_epi16(v, 4), m4);
+        __m128i cs[2] = {_mm_unpacklo_epi8(lo, hi), _mm_unpackhi_epi8(lo, hi)}; /* codes 0..15, 16..31 */
+        for (int h = 0; h < 2; h++) {
+            __m128i hb = _mm_shuffle_epi8(th, cs[h]), lb = _mm_shuffle_epi8(tl, cs[h]);
+            __m128i w0 = _mm_unpacklo_epi8(lb, hb), w1 = _mm_unpackhi_epi8(lb, hb);
+            __m256i f0 = _mm256_slli_epi32(_mm256_cvtepu16_epi32(w0), 16);
+            __m256i f1 = _mm256_slli_epi32(_mm256_cvtepu16_epi32(w1), 16);
+            _mm256_storeu_ps(o + b * 32 + h * 16, _mm256_mul_ps(_mm256_castsi256_ps(f0), f));
+            _mm256_storeu_ps(o + b * 32 + h * 16 + 8, _mm256_mul_ps(_mm256_castsi256_ps(f1), f));
+        }
+    }
+}
+#endif
+
+V41_VEC static void dq_e4m3_row(const uint8_t *restrict q, const uint8_t *restrict sr, int64_t nbk, float *restrict o)
+{
+    for (int64_t b = 0; b < nbk; b++) {
+        const float f = v41_e8m0_to_f32(sr[b]);
+        const uint8_t *restrict qb = q + b * 32;
+        float *restrict ob = o + b * 32;
+        for (int i = 0; i < 32; i++) ob[i] = bits_f(e4m3_bits(qb[i])) * f;
+    }
+}
+
+V41_VEC static void dq_fp4_row(const uint8_t *restrict q, const uint8_t *restrict sr, int64_t nbk, float *restrict o)
+{
+    for (int64_t b = 0; b < nbk; b++) {
+        const float f = v41_e8m0_to_f32(sr[b]);
+        const uint8_t *restrict qb = q + b * 16;
+        float *restrict ob = o + b * 32;
+        for (int i = 0; i < 16; i++) {
+            uint32_t byte = qb[i];
+            ob[2 * i] = bits_f(fp4_bits(byte & 15u)) * f;
+            ob[2 * i + 1] = bits_f(fp4_bits(byte >> 4)) * f;
+        }
+    }
+}
+
+V41_VEC static void dq_bf16(const uint8_t *restrict b, int64_t n, float *restrict out)
+{
+    for (int64_t i = 0; i < n; i++) {
+        uint16_t h;
+        memcpy(&h, b + 2 * i, 2);
+        out[i] = bits_f((uint32_t)h << 16);
+    }
+}
+
+/* every code decodes to the bits of quant.c's v41_e4m3_to_f32 / v41_fp4_to_f32 */
+static bool dq_ok;
+typedef void (*dq_row_fn)(const uint8_t *, const uint8_t *, int64_t, float *);
+static dq_row_fn dq_e4m3_fn = dq_e4m3_row, dq_fp4_fn = dq_fp4_row;
+/* every code x a few scales, through fn, against quant.c */
+static bool dq_fns_ok(dq_row_fn e4, dq_row_fn f4)
+{
+    uint8_t q[256], s[8] = {127, 1, 200, 120, 127 - 9, 130, 0, 254};
+    float o[256];
+    for (int i = 0; i < 256; i++) q[i] = (uint8_t)i;
+    e4(q, s, 8, o);
+    for (int i = 0; i < 256; i++) {
+        float r = v41_e4m3_to_f32(q[i]) * v41_e8m0_to_f32(s[i / 32]);
+        if (memcmp(&r, &o[i], 4) && !(isnan(r) && isnan(o[i]))) return false;
+    }
+    f4(q, s, 8, o);
+    for (int i = 0; i < 256; i++) {
+        float r = v41_fp4_to_f32((uint8_t)((q[i / 2] >> (4 * (i & 1))) & 15)) * v41_e8m0_to_f32(s[i / 32]);
+        if (memcmp(&r, &o[i], 4)) return false;
+    }
+    return true;
+}
+static pthread_once_t dq_once = PTHREAD_ONCE_INIT;
+static void dq_check(void)
+{
+    bool ok = true;
+    for (uint32_t c = 0; c < 256; c++) {
+        float r = v41_e4m3_to_f32((uint8_t)c);
+        uint32_t ru;
+        memcpy(&ru, &r, 4);
+        if (ru != e4m3_bits(c)) ok = false;
+    }
+    for (uint32_t c = 0; c < 16; c++) {
+        float r = v41_fp4_to_f32((uint8_t)c);
+        uint32_t ru;
+        memcpy(&ru, &r, 4);
+        if (ru != fp4_bits(c)) ok = false;
+    }
+    ok = ok && dq_fns_ok(dq_e4m3_row, dq_fp4_row);
+#ifdef V41_HAVE_AVX2_DQ
+    __builtin_cpu_init();
+    if (ok && __builtin_cpu_supports("avx2") && dq_fns_ok(dq_e4m3_row_avx2, dq_fp4_row_avx2)) {
+        dq_e4m3_fn = dq_e4m3_row_avx2;
+        dq_fp4_fn = dq_fp4_row_avx2;
+    }
+#endif
+    dq_ok = ok;
+}
 
 static int dequant_fast(const v41_tensor *w, const v41_tensor *sc, int64_t r0, int64_t nr, float *out, v41_err *err)
 {
@@ -60,47 +227,24 @@ static int dequant_fast(const v41_tensor *w, const v41_tensor *sc, int64_t r0, i
     const uint8_t *d = w->data;
     if (r0 < 0 || r0 + nr > N) return v41_dequant_rows(w, sc, r0, nr, out, err);
     if (w->dtype == V41_DT_BF16 && !sc) {
-        const uint8_t *b = d + (size_t)r0 * K * 2;
-        for (int64_t i = 0; i < nr * K; i++) {
-            uint16_t h;
-            memcpy(&h, b + 2 * i, 2);
-            uint32_t u = (uint32_t)h << 16;
-            memcpy(out + i, &u, 4);
-        }
+        dq_bf16(d + (size_t)r0 * K * 2, nr * K, out);
         return V41_OK;
     }
     if (w->dtype == V41_DT_F32 && !sc) {
         memcpy(out, d + (size_t)r0 * K * 4, sizeof(float) * (size_t)(nr * K));
         return V41_OK;
     }
-    if (!sc || sc->dtype != V41_DT_F8_E8M0 || sc->ndim != 2 || K % 32) return v41_dequant_rows(w, sc, r0, nr, out, err);
-    pthread_once(&lut_once, init_luts);
+    pthread_once(&dq_once, dq_check);
+    if (!dq_ok || !sc || sc->dtype != V41_DT_F8_E8M0 || sc->ndim != 2 || K % 32)
+        return v41_dequant_rows(w, sc, r0, nr, out, err);
     const uint8_t *s = sc->data;
     const int64_t nbk = K / 32;
     if (w->dtype == V41_DT_F8_E4M3 && sc->shape[0] == (N + 31) / 32 && sc->shape[1] == nbk && N > 32) {
-        for (int64_t r = r0; r < r0 + nr; r++) {
-            const uint8_t *q = d + r * K, *sr = s + (r / 32) * nbk;
-            float *o = out + (r - r0) * K;
-            for (int64_t b = 0; b < nbk; b++) {
-                float f = v41_e8m0_to_f32(sr[b]);
-                for (int i = 0; i < 32; i++) o[b * 32 + i] = e4m3_lut[q[b * 32 + i]] * f;
-            }
-        }
+        for (int64_t r = r0; r < r0 + nr; r++) dq_e4m3_fn(d + r * K, s + (r / 32) * nbk, nbk, out + (r - r0) * K);
         return V41_OK;
     }
     if (w->dtype == V41_DT_F4 && sc->shape[0] == N && sc->shape[1] == nbk) {
-        for (int64_t r = r0; r < r0 + nr; r++) {
-            const uint8_t *q = d + r * (K / 2), *sr = s + r * nbk;
-            float *o = out + (r - r0) * K;
-            for (int64_t b = 0; b < nbk; b++) {
-                float f = v41_e8m0_to_f32(sr[b]);
-                for (int i = 0; i < 16; i++) {
-                    uint8_t byte = q[b * 16 + i];
-                    o[b * 32 + 2 * i] = fp4_lut[byte & 15] * f;
-                    o[b * 32 + 2 * i + 1] = fp4_lut[byte >> 4] * f;
-                }
-            }
-        }
+        for (int64_t r = r0; r < r0 + nr; r++) dq_fp4_fn(d + r * (K / 2), s + r * nbk, nbk, out + (r - r0) * K);
         return V41_OK;
     }
     return v41_dequant_rows(w, sc, r0, nr, out, err);
@@ -142,49 +286,63 @@ void v41_sgemm_tiled(const float *A, int64_t lda, int64_t M, const float *B, int
     free(Ct);
 }
 
-/* Column invariance probe: the tiled GEMM relies on every column of a
- * (nc x V41_GEMM_MT x K) call getting the same arithmetic. That holds for
- * OpenBLAS's Haswell/Zen kernels (measured) but is not a BLAS guarantee, so it
- * is checked once per process on representative shapes; when it fails, every
- * row gets its own 1-column call (slower, still batch-invariant). */
-static int tile_cols = V41_GEMM_MT;
+/* Column tiles. A Linear's rows are cut into column tiles of the transposed call
+ * C^T[nc, w] = W[nc, K] . A[w, K]^T, the last tile zero-padded:
+ *   mode 1: w = V41_GEMM_MT = 16; needs every column of a call to get the same
+ *           arithmetic (then a row's bits depend neither on its place in a tile nor
+ *           on M);
+ *   mode 0: one 1-column call per row (no BLAS property needed; slow).
+ * The width itself must stay fixed: OpenBLAS 0.3.21 (Haswell kernels) gives a column
+ * different bits in calls of 1, 2, 4, 8, 12, 20, 32, 48, 64 or 128 columns than in a
+ * 16-column call (measured), so the padding of a 1-row decode step cannot be cut.
+ * Column invariance is a property of the BLAS build, so it is probed once per
+ * process on representative shapes (fallback: mode 0). V41_GEMM_ONE_COLUMN=1 forces
+ * mode 0 (testing). */
+static const int mode_widths[2] = {1, V41_GEMM_MT};
+static int tile_mode = 1;
 static pthread_once_t probe_once = PTHREAD_ONCE_INIT;
+
+static bool env_on(const char *name)
+{
+    const char *ev = getenv(name);
+    return ev && *ev && strcmp(ev, "0");
+}
+
 static void probe_tiles(void)
 {
+    if (env_on("V41_GEMM_ONE_COLUMN")) { tile_mode = 0; return; }
     const int MT = V41_GEMM_MT;
-    const char *ev = getenv("V41_GEMM_ONE_COLUMN"); /* force the fallback (testing) */
-    if (ev && *ev && strcmp(ev, "0")) { tile_cols = 1; return; }
-    const int ncs[] = {7, 24, 64, 256}, Ks[] = {32, 64, 512, 1280};
+    const int ncs[] = {7, 24, 64, 256}, Ks[] = {32, 64, 512, 1280, 2304, 5120};
     uint32_t seed = 1;
-    for (size_t a = 0; a < sizeof ncs / sizeof ncs[0]; a++)
-        for (size_t b = 0; b < sizeof Ks / sizeof Ks[0]; b++) {
+    for (size_t a = 0; a < sizeof ncs / sizeof ncs[0] && tile_mode; a++)
+        for (size_t b = 0; b < sizeof Ks / sizeof Ks[0] && tile_mode; b++) {
             int nc = ncs[a], K = Ks[b];
             float *W = malloc(sizeof(float) * (size_t)nc * K), *A = malloc(sizeof(float) * (size_t)MT * K);
             float *C = malloc(sizeof(float) * (size_t)nc * MT);
-            if (!W || !A || !C) { free(W); free(A); free(C); tile_cols = 1; return; }
+            if (!W || !A || !C) { free(W); free(A); free(C); tile_mode = 0; break; }
             for (int i = 0; i < nc * K; i++) { seed = seed * 1664525u + 1013904223u; W[i] = (float)(seed >> 8) * 0x1p-24f - 0.5f; }
             for (int k = 0; k < K; k++) {
                 seed = seed * 1664525u + 1013904223u;
                 float v = (float)(seed >> 8) * 0x1p-24f - 0.5f;
                 for (int m = 0; m < MT; m++) A[m * K + k] = v;
             }
-            for (int mode = 0; mode < 2; mode++) {
-                if (mode == 0) cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, nc, MT, K, 1.0f, W, K, A, K, 0.0f, C, MT);
-                else
-                    for (int kb = 0; kb < K / 32; kb++)
-                        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, nc, MT, 32, 1.0f, W + kb * 32, K, A + kb * 32, K,
-                                    kb ? 1.0f : 0.0f, C, MT);
-                for (int n = 0; n < nc; n++)
-                    for (int m = 1; m < MT; m++)
-                        if (memcmp(&C[n * MT], &C[n * MT + m], 4)) tile_cols = 1;
-            }
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, nc, MT, K, 1.0f, W, K, A, K, 0.0f, C, MT);
+            for (int n = 0; n < nc; n++)
+                for (int m = 1; m < MT; m++)
+                    if (memcmp(&C[n * MT], &C[n * MT + m], 4)) tile_mode = 0;
             free(W); free(A); free(C);
         }
 }
 int v41_gemm_tile_cols(void)
 {
     pthread_once(&probe_once, probe_tiles);
-    return tile_cols;
+    return mode_widths[tile_mode];
+}
+
+int v41_gemm_tile_mode(void)
+{
+    pthread_once(&probe_once, probe_tiles);
+    return tile_mode;
 }
 
 void v41_blas_single_thread(void)
@@ -199,86 +357,103 @@ int v41_linear(const v41_lin *L, const float *x, int64_t M, float *y, bool emu, 
     return v41_linear_ld(L, x, L->K, M, y, L->N, emu, err);
 }
 
+/* Per-thread scratch (dequantized weight chunk + output tile), kept across calls
+ * so that the hot loop allocates (and page-faults) nothing. A cache only: its
+ * contents never outlive one chunk. */
+static _Thread_local float *tl_buf;
+static _Thread_local size_t tl_cap;
+static float *tl_scratch(size_t n)
+{
+    if (n > tl_cap) {
+        free(tl_buf);
+        tl_buf = malloc(sizeof(float) * n);
+        tl_cap = tl_buf ? n : 0;
+    }
+    return tl_buf;
+}
+
+/* Emulate-mode fp8/fp4 Linears: the official y[n] = sum_kb (sum_{k in kb} a_q w_q) sa[kb] sw[kb]
+ * accumulates block after block in fp32. Both scales are powers of two, so they are folded
+ * exactly into the operands (act_quant'ed activations and dequantized weights carry them), and
+ * the whole K is ONE sgemm: the result differs from the block-wise sum only in fp32 summation
+ * order (OpenBLAS sums K sequentially within its own K panels, a function of K alone), which is
+ * inside the oracle tolerance (docs/engine.md, numerics). The order never depends on M: fixed
+ * column tiles (above). */
 int v41_linear_ld(const v41_lin *L, const float *x, int64_t ldx, int64_t M, float *y, int64_t ldy,
                   bool emu, v41_err *err)
 {
     const int64_t N = L->N, K = L->K;
-    const int MT = V41_GEMM_MT, NC = V41_GEMM_NC;
+    const int NC = V41_GEMM_NC;
     if (M <= 0 || N <= 0) return V41_OK;
     const bool quant = emu && L->kind == V41_LIN_Q;
     const bool round_out = emu && L->kind != V41_LIN_F32;
     if (quant && K % 32)
         return v41_err_set(err, V41_EINVAL, "%s: fp8/fp4 Linear needs K %% 32 == 0 (K = %lld)",
                            L->w->name ? L->w->name : "?", (long long)K);
-    const int64_t Mp = (M + MT - 1) / MT * MT;
+    pthread_once(&probe_once, probe_tiles);
+    const int64_t tw = mode_widths[tile_mode];
+    const int64_t nt = (M + tw - 1) / tw, Mp = nt * tw;
     float *A = malloc(sizeof(float) * (size_t)(Mp * K));
-    if (!A) return v41_err_set(err, V41_ENOMEM, "linear: out of memory (%lld x %lld)", (long long)Mp, (long long)K);
-    for (int64_t m = 0; m < Mp; m++) {
-        if (m < M) memcpy(A + m * K, x + m * ldx, sizeof(float) * K);
-        else memset(A + m * K, 0, sizeof(float) * K);
+    if (!A) {
+        return v41_err_set(err, V41_ENOMEM, "linear: out of memory (%lld x %lld)", (long long)Mp, (long long)K);
     }
-    if (quant) {
-#pragma omp parallel for schedule(static)
-        for (int64_t m = 0; m < M; m++) v41_act_quant(A + m * K, (size_t)K, 32, NULL);
+#pragma omp parallel for schedule(static) if (M * K > 65536)
+    for (int64_t r = 0; r < Mp; r++) {
+        if (r < M) {
+            memcpy(A + r * K, x + r * ldx, sizeof(float) * K);
+            if (quant) v41_act_quant(A + r * K, (size_t)K, 32, NULL);
+        } else memset(A + r * K, 0, sizeof(float) * K);
     }
     const int64_t nch = (N + NC - 1) / NC;
-    const int tc = v41_gemm_tile_cols();
     int rc = V41_OK;
     v41_err lerr = {0};
     const bool count = gemm_count;
-    double gsec = 0, gfl = 0, tl0 = count ? now_s() : 0;
-#pragma omp parallel reduction(+ : gsec, gfl)
+    double gsec = 0, gfl = 0, dsec = 0, tl0 = count ? now_s() : 0;
+#pragma omp parallel reduction(+ : gsec, gfl, dsec) if (nch > 1)
     {
-        float *W = malloc(sizeof(float) * (size_t)(NC * K));
-        float *Ct = malloc(sizeof(float) * (size_t)(MT * NC));
+        float *W = tl_scratch((size_t)NC * K + (size_t)NC * V41_GEMM_MT);
+        float *Ct = W ? W + (size_t)NC * K : NULL;
         v41_err e2 = {0};
-        if (!W || !Ct) {
+        if (!W) {
 #pragma omp critical
             rc = v41_err_set(&lerr, V41_ENOMEM, "linear: out of memory (scratch)");
         }
-#pragma omp for schedule(static)
+#pragma omp for schedule(dynamic, 1)
         for (int64_t c = 0; c < nch; c++) {
-            if (!W || !Ct) continue;
+            if (!W) continue;
             int64_t n0 = c * NC, nc = N - n0 < NC ? N - n0 : NC;
+            double td = count ? now_s() : 0;
             int r2 = dequant_fast(L->w, L->s, L->row0 + n0, nc, W, &e2);
+            if (count) dsec += now_s() - td;
             if (r2) {
 #pragma omp critical
                 { rc = r2; lerr = e2; }
                 continue;
             }
-            for (int64_t m0 = 0; m0 < Mp; m0 += MT) {
+            for (int64_t t = 0; t < nt; t++) {
+                const int64_t m0 = t * tw, w = tw;
                 double t0 = count ? now_s() : 0;
-                /* transposed tile: Ct[nc, MT] = W[nc, K] . A[MT, K]^T, in calls of tc columns */
-                int64_t mlim = M - m0 < MT ? M - m0 : MT;
-                for (int64_t c0 = 0; c0 < (tc == MT ? MT : mlim); c0 += tc) {
-                    if (quant) {
-                        for (int64_t kb = 0; kb < K / 32; kb++)
-                            sgemm_nt((int)nc, tc, 32, W + kb * 32, (int)K, A + (m0 + c0) * K + kb * 32, (int)K,
-                                     kb ? 1.0f : 0.0f, Ct + c0, MT);
-                    } else {
-                        sgemm_nt((int)nc, tc, (int)K, W, (int)K, A + (m0 + c0) * K, (int)K, 0.0f, Ct + c0, MT);
-                    }
-                }
+                /* transposed tile: Ct[nc, w] = W[nc, K] . A[w, K]^T, full K in one call */
+                sgemm_nt((int)nc, (int)w, (int)K, W, (int)K, A + m0 * K, (int)K, 0.0f, Ct, (int)w);
                 if (count) {
                     gsec += now_s() - t0;
-                    gfl += 2.0 * MT * (double)nc * (double)K;
+                    gfl += 2.0 * (double)w * (double)nc * (double)K;
                 }
-                int64_t mt = M - m0 < MT ? M - m0 : MT;
+                int64_t mt = M - m0 < w ? M - m0 : w;
                 for (int64_t i = 0; i < mt; i++) {
                     float *dst = y + (m0 + i) * ldy + n0;
                     if (round_out)
-                        for (int64_t j = 0; j < nc; j++) dst[j] = v41_bf16r(Ct[j * MT + i]);
+                        for (int64_t j = 0; j < nc; j++) dst[j] = v41_bf16r(Ct[j * w + i]);
                     else
-                        for (int64_t j = 0; j < nc; j++) dst[j] = Ct[j * MT + i];
+                        for (int64_t j = 0; j < nc; j++) dst[j] = Ct[j * w + i];
                 }
             }
         }
-        free(W);
-        free(Ct);
     }
     if (count) {
         gemm_secs += gsec;
         gemm_flops += gfl;
+        dq_secs += dsec;
         lin_secs += now_s() - tl0;
     }
     free(A);

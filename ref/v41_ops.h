@@ -68,7 +68,7 @@ typedef struct v41_lin {
  * padded with zero rows), so the per-row reduction order never depends on M. */
 #define V41_GEMM_MT 16
 /* Output-column chunk: the weight is dequantized V41_GEMM_NC rows at a time (bounded scratch). */
-#define V41_GEMM_NC 256
+#define V41_GEMM_NC 128
 
 /* y[M, N] = x[M, K] . W^T. emu=false: fp32 mode (no activation quantization,
  * one fp32 GEMM over all of K, fp32 output). Threaded over column chunks. */
@@ -76,6 +76,8 @@ int v41_linear(const v41_lin *L, const float *x, int64_t M, float *y, bool emu, 
 /* Columns per sgemm call: V41_GEMM_MT when the BLAS passed the column-invariance
  * probe (run once per process), else 1. */
 int v41_gemm_tile_cols(void);
+/* Column-tile mode chosen by the probe: 1 = V41_GEMM_MT columns per sgemm call, 0 = one column per call. */
+int v41_gemm_tile_mode(void);
 /* OpenBLAS: one thread per sgemm call (the engine threads over chunks with OpenMP). */
 void v41_blas_single_thread(void);
 /* Same with an explicit input row stride and output row stride. */
@@ -90,6 +92,8 @@ void v41_sgemm_tiled(const float *A, int64_t lda, int64_t M, const float *B, int
 double v41_gemm_seconds(bool reset);
 void v41_gemm_count_enable(bool on);
 void v41_gemm_stats(double *sgemm_thread_s, double *flops, double *linear_wall_s, bool reset);
+/* Thread-seconds spent dequantizing weight chunks inside v41_linear (same counters' switch). */
+void v41_gemm_dequant_stats(double *dequant_thread_s, bool reset);
 
 /* ---- norms, RoPE ---------------------------------------------------------- */
 

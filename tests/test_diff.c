@@ -395,7 +395,13 @@ START_TEST(test_bounded_memory)
     long peak_mib = ru.ru_maxrss / 1024;   /* ru_maxrss is in KiB on Linux */
     fprintf(stderr, "test_bounded_memory: file %lld MiB, diff child peak RSS %ld MiB\n",
             (long long)(st.st_size >> 20), peak_mib);
+#if defined(__SANITIZE_ADDRESS__)
+    /* ASan keeps freed blocks in a quarantine (256 MiB by default), so RSS measures the
+     * sanitizer, not the diff; the bound is asserted in the plain build. */
+    (void)peak_mib;
+#else
     ck_assert_int_lt(peak_mib, 64);
+#endif
     unlink(pa);
     unlink(pb);
 }

@@ -22,7 +22,7 @@ export OMP_NUM_THREADS=1
 "$PY" "$S/harness/python/golden_to_v41.py" "$O/golden_fixed.h5" "$T/golden.h5" --v41 "$V41" \
   --prompts "$T/prompts.txt" >"$T/out" 2>&1 || fail "converter"
 steps=$("$PY" -c "import h5py; print(h5py.File('$O/golden_fixed.h5','r').attrs['n_decode'])")
-"$V41" run "$O" --prompt-ids "$T/prompts.txt" --steps "$steps" --dspark --threads 1 --dump "$T/ref.h5" \
+"$V41" run "$O" --no-replay --prompt-ids "$T/prompts.txt" --steps "$steps" --dspark --threads 1 --dump "$T/ref.h5" \
   --force-from "$T/golden.h5" --force-taps '*.stream.in,*.premix.in,*.indexer.topk,*.candidate.mask' >"$T/out" 2>&1 \
   || fail "ref run"
 "$V41" diff --ignore-missing "$T/golden.h5" "$T/ref.h5" >"$T/out" 2>&1; rc=$?
@@ -38,14 +38,14 @@ n=$(grep -c "^same " "$T/out")
 # golden.h5 (the published code's index-key semantics) against ref --compat official
 if [ -f "$O/golden.h5" ]; then
   "$PY" "$S/harness/python/golden_to_v41.py" "$O/golden.h5" "$T/golden_off.h5" --v41 "$V41" >"$T/out" 2>&1 || fail "converter (golden.h5)"
-  "$V41" run "$O" --compat official --prompt-ids "$T/prompts.txt" --steps "$steps" --dspark --threads 1 --dump "$T/ref_off.h5" \
+  "$V41" run "$O" --no-replay --compat official --prompt-ids "$T/prompts.txt" --steps "$steps" --dspark --threads 1 --dump "$T/ref_off.h5" \
     --force-from "$T/golden_off.h5" --force-taps '*.stream.in,*.premix.in,*.indexer.topk,*.candidate.mask' >"$T/out" 2>&1 \
     || fail "ref run (official)"
   "$V41" diff --ignore-missing "$T/golden_off.h5" "$T/ref_off.h5" >"$T/out" 2>&1; rc=$?
   [ $rc = 0 ] || fail "golden.h5 vs ref --compat official: exit $rc"
 fi
 # and a free (unforced) run is NOT the same: the diff detects the divergence
-"$V41" run "$O" --prompt-ids "$T/prompts.txt" --steps 2 --threads 1 --dump "$T/free.h5" >"$T/out" 2>&1 || fail "free run"
+"$V41" run "$O" --no-replay --prompt-ids "$T/prompts.txt" --steps 2 --threads 1 --dump "$T/free.h5" >"$T/out" 2>&1 || fail "free run"
 "$V41" diff --quiet --ignore-missing --only 'layer.*' "$T/golden.h5" "$T/free.h5"; rc=$?
 echo "test_golden_diff: ok ($n taps within tolerance; free run diff exit $rc)"
 exit 0

@@ -72,6 +72,8 @@ a = json.load(open(sys.argv[1])); b = json.load(open(sys.argv[2]))
 W = 8
 assert [r["hit"] for r in a["requests"]] == [0, 16, 24], [r["hit"] for r in a["requests"]]
 assert a["hit_tokens"] == 40 and a["replay_rows"] == 2 * W, (a["hit_tokens"], a["replay_rows"])
+# trimmed rows: request 1 (26 cold rows), 2 (27 - 8 = 19 rows from H - W), 3 (28 - 16 = 12): each keeps W
+assert a["trimmed_rows"] == (26 - W) + (19 - W) + (12 - W), a["trimmed_rows"]
 hits = [r for r in a["requests"] if r["hit"] > 0]
 # the first prefill item of a hit request starts at H - W with the floor there
 for r in hits:

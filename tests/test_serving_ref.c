@@ -6,7 +6,7 @@
  *    zero in the stream taps, replay.kept marks the last W rows, last-row logits
  *    finite and different from replay off; DSpark context KV of kept rows only;
  *  - a ragged batch mixing cold prefill, prefix-hit replay, decode and verify
- *    == each request alone (bitwise logits and the next step);
+ *    (2 threads) == each request alone (1 thread), bitwise logits and the next step;
  *  - prefix hit with encoder-side replay == the same request cold with the
  *    replay floor at H - W (its own prefix, then the same replay), bitwise,
  *    for H a multiple of every ratio and not;
@@ -58,13 +58,14 @@ static void setup_model(void)
     }
 }
 
+static int g_threads = 1;
 static v41_engine *mk(bool replay, const char *inject)
 {
     v41_engine_opts o;
     v41_engine_opts_default(&o);
     o.replay = replay;
     o.inject = inject;
-    o.threads = 1;
+    o.threads = g_threads;
     o.max_seq_len = 64;
     v41_engine *e = NULL;
     v41_err err = {0};
@@ -331,8 +332,10 @@ START_TEST(test_mixed_batch)
     v41_req r[4] = {rq(1, 0, 20, P + 4), rq(2, 8, 18, P + 8), rq(3, 12, 1, &dec), rq(4, 15, BS + 1, ver)};
     r[1].replay_floor = 8;
     r[3].verify = r[3].all_logits = true;
-    /* together */
+    /* together (2 threads: the split never changes a row's bits) */
+    g_threads = 2;
     v41_engine *a = mk(true, NULL);
+    g_threads = 1;
     mixed_setup(a);
     v41_batch b = {4, r};
     v41_out o;
