@@ -165,6 +165,40 @@ static int build_model(int max_seq, int vocab, int n_exp, v41_model **out, doubl
     return V41_OK;
 }
 
+/* --profile: wall time between consecutive taps, summed per tap name (the time
+ * up to a tap is charged to it), to see where the non-GEMM time goes. */
+typedef struct prof {
+    double last;
+    int n;
+    char name[256][64];
+    double secs[256];
+} prof;
+static int prof_emit(void *ctx, const v41_tap *t)
+{
+    prof *p = ctx;
+    double now = now_s();
+    int i = 0;
+    for (; i < p->n; i++)
+        if (!strcmp(p->name[i], t->name)) break;
+    if (i == p->n && p->n < 256) snprintf(p->name[p->n++], sizeof p->name[0], "%s", t->name);
+    if (i < 256) p->secs[i] += now - p->last;
+    p->last = now_s();
+    return 0;
+}
+static void prof_print(prof *p, const char *what, double total)
+{
+    printf("  %s: wall time up to each tap (top 15 of %d)\n", what, p->n);
+    for (int k = 0; k < 15 && k < p->n; k++) {
+        int b = -1;
+        for (int i = 0; i < p->n; i++)
+            if (p->secs[i] >= 0 && (b < 0 || p->secs[i] > p->secs[b])) b = i;
+        if (b < 0) break;
+        printf("    %-40s %8.3f s  %5.1f%%\n", p->name[b], p->secs[b], 100 * p->secs[b] / total);
+        p->secs[b] = -1;
+    }
+    memset(p, 0, sizeof *p);
+}
+
 typedef struct shape { int64_t M, N, K; int reps; const char *what; } shape;
 
 /* bare sgemm GFLOP/s over the layer's GEMM shapes (row-major C = A . W^T, fp32) */
@@ -198,21 +232,23 @@ static double bare_sgemm(const shape *sh, int n, int threads, double *secs_out)
 
 static void usage(FILE *f)
 {
-    fprintf(f, "usage: v41 bench ref [--tokens N] [--decode N] [--threads N] [--experts N] [--json]\n\n"
+    fprintf(f, "usage: v41 bench ref [--tokens N] [--decode N] [--threads N] [--experts N] [--json] [--profile]\n\n"
                "One DeepSeek-V4.1-Flash-shaped layer (dim 5120, 64x512 heads, ratio-2 compressor +\n"
                "indexer, 384 experts x 2304, synthetic weights in fp8/fp4/bf16/fp32 storage) through\n"
                "the ref engine in emulate mode: prefill of N tokens (default 1024), then decode steps\n"
                "(default 64). Reports tokens/s, fraction of time in sgemm, the engine's GEMM GFLOP/s,\n"
-               "a bare cblas_sgemm of the same shapes in the same run, and peak RSS.\n");
+               "a bare cblas_sgemm of the same shapes in the same run, and peak RSS. --profile prints\n"
+               "the wall time between consecutive taps (where the non-GEMM time goes).\n");
 }
 
 int v41_bench_ref(int argc, char **argv)
 {
     int T = 1024, ND = 64, threads = 2, n_exp = 384;
-    bool json = false;
+    bool json = false, profile = false;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) { usage(stdout); return 0; }
         else if (!strcmp(argv[i], "--json")) json = true;
+        else if (!strcmp(argv[i], "--profile")) profile = true;
         else if (!strcmp(argv[i], "--tokens") && i + 1 < argc) T = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--decode") && i + 1 < argc) ND = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--threads") && i + 1 < argc) threads = atoi(argv[++i]);
@@ -249,13 +285,19 @@ int v41_bench_ref(int argc, char **argv)
     v41_req r = {.id = 0, .start_pos = 0, .n_tokens = T, .tokens = tok};
     v41_batch b = {1, &r};
     v41_out out;
+    prof *pf = profile ? calloc(1, sizeof *pf) : NULL;
+    v41_tap_sink psink = {prof_emit, pf, NULL};
+    if (pf) v41_engine_set_sink(e, &psink);
     double tp0 = now_s();
+    if (pf) pf->last = tp0;
     if (v41_engine_forward(e, &b, &out, &err)) { fprintf(stderr, "bench ref: prefill: %s\n", err.msg); goto out; }
     double tp = now_s() - tp0, pg_s, pg_fl, pl_s;
     v41_gemm_stats(&pg_s, &pg_fl, &pl_s, true);
     double pq_s, dq_s;
     v41_gemm_dequant_stats(&pq_s, true);
+    if (pf) prof_print(pf, "prefill", tp);
     double td0 = now_s();
+    if (pf) pf->last = td0;
     for (int s = 0; s < ND; s++) {
         v41_req rd = {.id = 0, .start_pos = T + s, .n_tokens = 1, .tokens = tok + T + s};
         v41_batch bd = {1, &rd};
@@ -264,6 +306,7 @@ int v41_bench_ref(int argc, char **argv)
     double td = now_s() - td0, dg_s, dg_fl, dl_s;
     v41_gemm_stats(&dg_s, &dg_fl, &dl_s, true);
     v41_gemm_dequant_stats(&dq_s, true);
+    if (pf) { prof_print(pf, "decode", td); v41_engine_set_sink(e, NULL); free(pf); }
     v41_gemm_count_enable(false);
     /* bare sgemm of the layer's shapes (prefill M = T; routed experts at their mean M) */
     int64_t me = (int64_t)T * 6 / n_exp;

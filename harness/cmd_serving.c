@@ -397,7 +397,7 @@ static void serve_usage(FILE *f)
     fprintf(f,
             "usage: v41 serve-trace [MODEL] (--trace FILE [--format mooncake|azure|auto] | --synth SPEC)\n"
             "                       [--engine ref|gpu[:PREC]] [--limit N] [--len-scale F] [--max-len L]\n"
-            "                       [--block B] [--token-budget N] [--max-seqs N] [--dspark] [--no-replay]\n"
+            "                       [--block B | --trace-block T] [--token-budget N] [--max-seqs N] [--dspark] [--no-replay]\n"
             "                       [--cache-reqs N] [--threads N] [--lenient] [--json OUT|-]\n\n"
             "Runs a request trace through an engine with continuous batching: each step takes every running\n"
             "request's decode row (or DSpark verification block) first, then prompt chunks FIFO up to the token\n"
@@ -411,7 +411,9 @@ static void serve_usage(FILE *f)
             "them as one multi-token step (greedy, lossless).\n"
             "Output: per-step batch shapes and measured seconds, per-request TTFT/TPOT, acceptance histogram\n"
             "(\"accepted_hist\", readable by `v41 sim --accept file:OUT`).\n"
-            "Defaults: --limit 24 --token-budget 64 --max-seqs 8 --cache-reqs 16 --block 8. Exit: 0 ok, 2 error.\n");
+            "--trace-block T: tokens per hash id in the trace (default 512, Mooncake); a hash block becomes\n"
+            "B = round(T * len-scale) tokens here unless --block B is given.\n"
+            "Defaults: --limit 24 --token-budget 64 --max-seqs 8 --cache-reqs 16. Exit: 0 ok, 2 error.\n");
 }
 
 typedef struct srv {
@@ -457,12 +459,12 @@ int v41_cmd_serve_trace(int argc, char **argv)
 {
     static const struct option lo[] = {
         {"trace", 1, 0, 'T'},        {"format", 1, 0, 'F'},   {"synth", 1, 0, 'S'},     {"engine", 1, 0, 'e'},
-        {"limit", 1, 0, 'n'},        {"len-scale", 1, 0, 'L'}, {"max-len", 1, 0, 'M'},  {"block", 1, 0, 'B'},
+        {"limit", 1, 0, 'n'},        {"len-scale", 1, 0, 'L'}, {"max-len", 1, 0, 'M'},  {"block", 1, 0, 'B'}, {"trace-block", 1, 0, 'K'},
         {"token-budget", 1, 0, 'b'}, {"max-seqs", 1, 0, 'q'}, {"dspark", 0, 0, 'd'},    {"no-replay", 0, 0, 'R'},
         {"cache-reqs", 1, 0, 'c'},   {"threads", 1, 0, 't'},  {"lenient", 0, 0, 'l'},   {"json", 1, 0, 'j'},
         {"help", 0, 0, 'h'},         {0, 0, 0, 0}};
     const char *trace = NULL, *fmt = "auto", *synth = NULL, *eng = "ref", *json = NULL;
-    int limit = 24, max_len = 0, block = 8, budget = 64, max_seqs = 8, cache_reqs = 16, threads = 0, c;
+    int limit = 24, max_len = 0, block = 0, trace_block = 512, budget = 64, max_seqs = 8, cache_reqs = 16, threads = 0, c;
     double scale = 0;
     bool dspark = false, replay = true, lenient = false;
     optind = 1;
@@ -475,7 +477,8 @@ int v41_cmd_serve_trace(int argc, char **argv)
         case 'n': limit = atoi(optarg); break;
         case 'L': scale = atof(optarg); break;
         case 'M': max_len = atoi(optarg); break;
-        case 'B': block = atoi(optarg); break;
+        case 'B': block = atoi(optarg); if (block < 1) block = -1; break;
+        case 'K': trace_block = atoi(optarg); break;
         case 'b': budget = atoi(optarg); break;
         case 'q': max_seqs = atoi(optarg); break;
         case 'd': dspark = true; break;
@@ -490,8 +493,8 @@ int v41_cmd_serve_trace(int argc, char **argv)
     }
     const char *spec = optind < argc ? argv[optind] : "tiny";
     if (!trace == !synth) { fprintf(stderr, "v41 serve-trace: give exactly one of --trace FILE or --synth SPEC\n"); return 2; }
-    if (limit < 1 || block < 1 || budget < 1 || max_seqs < 1 || cache_reqs < 0 || scale < 0) {
-        fprintf(stderr, "v41 serve-trace: --limit, --block, --token-budget, --max-seqs must be >= 1, --len-scale >= 0\n");
+    if (limit < 1 || block < 0 || trace_block < 1 || budget < 1 || max_seqs < 1 || cache_reqs < 0 || scale < 0) {
+        fprintf(stderr, "v41 serve-trace: --limit, --block, --trace-block, --token-budget, --max-seqs must be >= 1, --len-scale >= 0\n");
         return 2;
     }
 
@@ -509,7 +512,6 @@ int v41_cmd_serve_trace(int argc, char **argv)
     s.cfg = cfg;
     s.replay = replay;
     s.dspark = dspark;
-    s.block = block;
     int V = cfg->vocab_size, W = cfg->window_size, BS = cfg->dspark_block_size;
     if (dspark && (cfg->n_mtp_layers < 1 || BS < 1 || BS > V41_ACC_MAXLEN)) {
         rc = v41_err_set(&err, V41_EINVAL, "--dspark: model %s has no DSpark stages", m->source);
@@ -544,6 +546,10 @@ int v41_cmd_serve_trace(int argc, char **argv)
     }
     if (s.n == 0) { rc = v41_err_set(&err, V41_EINVAL, "trace has no requests"); goto fail; }
     if (scale == 0) scale = (double)room / maxin;
+    /* one hash block of the trace (trace_block tokens) becomes `block` tokens here */
+    if (block == 0) block = (int)lround(trace_block * scale);
+    if (block < 1) block = 1;
+    s.block = block;
     for (int i = 0; i < s.n; i++) {
         sreq *q = &s.rq[i];
         int in = (int)lround(q->in_len * scale), out = (int)lround(q->out_len * scale);
@@ -572,6 +578,7 @@ int v41_cmd_serve_trace(int argc, char **argv)
     if ((rc = v41_side_parse(eng, &ro.side, &err))) goto fail;
     ro.threads = threads;
     ro.replay = replay;
+    ro.max_requests = max_seqs + cache_reqs + 1; /* running + cached prefixes (+1: eviction happens after insert) */
     if ((rc = v41_run_engine_create(m, &ro, &s.e, &err))) goto fail;
     if (dspark && !s.e->vt->dspark_draft) { rc = v41_err_set(&err, V41_EUNSUPPORTED, "engine has no DSpark drafter"); goto fail; }
     s.cap_cache = s.n + 1;

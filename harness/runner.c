@@ -160,6 +160,7 @@ int v41_run_engine_create(const v41_model *m, const v41_run_opts *o, v41_engine 
     eo.threads = o->threads;
     eo.replay = o->replay;
     eo.dspark_align = o->dspark_align;
+    if (o->max_requests > 0) eo.max_requests = o->max_requests;
     eo.inject = o->inject;
     if (!strcmp(o->side.engine, "gpu")) return v41_gpu_engine_create(m, &eo, out, err);
     return v41_ref_engine_create(m, &eo, out, err);

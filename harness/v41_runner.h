@@ -37,6 +37,7 @@ typedef struct v41_run_opts {
     const char *inject;       /* NULL = none (V41_INJECT is ignored unless inject_env) */
     bool replay;
     int dspark_align;         /* DSpark index-list padding alignment (0 = none) */
+    int max_requests;         /* engine cache slots (0 = engine default) */
     int steps;                /* decode steps after the prefill */
     bool dspark;              /* DSpark draft after every decode step */
     const char *taps;         /* glob list or NULL = all */

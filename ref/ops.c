@@ -546,8 +546,8 @@ void v41_rope_apply(const v41_rope *rp, float *x, int64_t pos, bool inverse, boo
 
 #define ATTN_CHUNK 64
 
-void v41_sparse_attn_row(const float *q, int H, int d, const float *const *kp, int n,
-                         const float *sink, float scale, float *out, bool emu)
+static void sparse_attn_row_c(const float *q, int H, int d, const float *const *kp, int n, const float *sink,
+                              float scale, float *out, bool emu)
 {
     float s[ATTN_CHUNK], p[ATTN_CHUNK];
     float *acc = malloc(sizeof(float) * (size_t)d);
@@ -596,6 +596,179 @@ void v41_sparse_attn_row(const float *q, int H, int d, const float *const *kp, i
     }
     free(acc);
     free(pv);
+}
+
+#ifdef V41_HAVE_AVX2_DQ
+/* AVX2 version of sparse_attn_row_c with the SAME arithmetic, bit for bit:
+ * - scores: v41_dot's 8 lanes are one ymm register (lane j sums i = j mod 8 with
+ *   separate mul and add, never an FMA), reduced in v41_dot's pairwise order, then
+ *   the scalar tail; 4 keys are interleaved only for instruction-level parallelism;
+ * - p.v: pv[i] += p_j k_j[i] over j in list order for every i (blocks of 64 dims are
+ *   kept in registers; the per-element order of additions is unchanged);
+ * - acc = acc * sc + pv: mul then add.
+ * Checked against sparse_attn_row_c once per process (attn_check). */
+__attribute__((target("avx2"))) static inline float hsum8(__m256 v, const float *a, const float *b, int i0, int n)
+{
+    float l[8];
+    _mm256_storeu_ps(l, v);
+    float s = ((l[0] + l[1]) + (l[2] + l[3])) + ((l[4] + l[5]) + (l[6] + l[7]));
+    for (int i = i0; i < n; i++) s += a[i] * b[i];
+    return s;
+}
+__attribute__((target("avx2"))) static void sparse_attn_row_avx2(const float *q, int H, int d, const float *const *kp,
+                                                                  int n, const float *sink, float scale, float *out,
+                                                                  bool emu)
+{
+    /* chunk-outer, head-inner (a 64-entry chunk of keys stays in cache for all heads);
+     * each head's state (running max, denominator, numerator kept in out) evolves
+     * exactly as in the head-outer C version */
+    float s[ATTN_CHUNK], p[ATTN_CHUNK], pr[ATTN_CHUNK];
+    int idx[ATTN_CHUNK];
+    float *mh = malloc(sizeof(float) * (size_t)H * 2), *pv = malloc(sizeof(float) * (size_t)d);
+    if (!mh || !pv) abort();
+    float *sh = mh + H;
+    const int d8 = d / 8 * 8;
+    for (int h = 0; h < H; h++) { mh[h] = -1e30f; sh[h] = 0.0f; }
+    for (size_t i = 0; i < (size_t)H * d; i++) out[i] = 0.0f;
+    for (int c0 = 0; c0 < n; c0 += ATTN_CHUNK) {
+        const int cn = n - c0 < ATTN_CHUNK ? n - c0 : ATTN_CHUNK;
+        for (int h = 0; h < H; h++) {
+            const float *qh = q + (size_t)h * d;
+            float *acc = out + (size_t)h * d;
+            const float m = mh[h];
+            float cmax = -INFINITY;
+            int j = 0;
+            for (; j + 4 <= cn; j += 4) {
+                const float *k0 = kp[c0 + j], *k1 = kp[c0 + j + 1], *k2 = kp[c0 + j + 2], *k3 = kp[c0 + j + 3];
+                const float *z = qh; /* stand-in for a NULL key (result discarded) */
+                const float *b0 = k0 ? k0 : z, *b1 = k1 ? k1 : z, *b2 = k2 ? k2 : z, *b3 = k3 ? k3 : z;
+                __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+                for (int i = 0; i < d8; i += 8) {
+                    __m256 qv = _mm256_loadu_ps(qh + i);
+                    a0 = _mm256_add_ps(a0, _mm256_mul_ps(qv, _mm256_loadu_ps(b0 + i)));
+                    a1 = _mm256_add_ps(a1, _mm256_mul_ps(qv, _mm256_loadu_ps(b1 + i)));
+                    a2 = _mm256_add_ps(a2, _mm256_mul_ps(qv, _mm256_loadu_ps(b2 + i)));
+                    a3 = _mm256_add_ps(a3, _mm256_mul_ps(qv, _mm256_loadu_ps(b3 + i)));
+                }
+                s[j] = k0 ? hsum8(a0, qh, b0, d8, d) * scale : -INFINITY;
+                s[j + 1] = k1 ? hsum8(a1, qh, b1, d8, d) * scale : -INFINITY;
+                s[j + 2] = k2 ? hsum8(a2, qh, b2, d8, d) * scale : -INFINITY;
+                s[j + 3] = k3 ? hsum8(a3, qh, b3, d8, d) * scale : -INFINITY;
+            }
+            for (; j < cn; j++) {
+                const float *k = kp[c0 + j];
+                if (!k) { s[j] = -INFINITY; continue; }
+                __m256 a0 = _mm256_setzero_ps();
+                for (int i = 0; i < d8; i += 8)
+                    a0 = _mm256_add_ps(a0, _mm256_mul_ps(_mm256_loadu_ps(qh + i), _mm256_loadu_ps(k + i)));
+                s[j] = hsum8(a0, qh, k, d8, d) * scale;
+            }
+            for (j = 0; j < cn; j++)
+                if (kp[c0 + j] && s[j] > cmax) cmax = s[j];
+            float mnew = m > cmax ? m : cmax;
+            float sc = expf(m - mnew);
+            float psum = 0.0f;
+            for (j = 0; j < cn; j++) {
+                p[j] = kp[c0 + j] ? expf(s[j] - mnew) : 0.0f;
+                psum += p[j];
+            }
+            sh[h] = sh[h] * sc + psum;
+            /* rounded probabilities; entries that add nothing are skipped as in the C version */
+            int np = 0;
+            for (j = 0; j < cn; j++) {
+                if (!kp[c0 + j]) continue;
+                float pj = emu ? v41_bf16r(p[j]) : p[j];
+                if (pj == 0.0f) continue;
+                idx[np] = c0 + j;
+                pr[np++] = pj;
+            }
+            int i = 0;
+            for (; i + 64 <= d8; i += 64) {
+                __m256 v0 = _mm256_setzero_ps(), v1 = v0, v2 = v0, v3 = v0, v4 = v0, v5 = v0, v6 = v0, v7 = v0;
+                for (int t = 0; t < np; t++) {
+                    const float *k = kp[idx[t]] + i;
+                    __m256 pj = _mm256_set1_ps(pr[t]);
+                    v0 = _mm256_add_ps(v0, _mm256_mul_ps(pj, _mm256_loadu_ps(k)));
+                    v1 = _mm256_add_ps(v1, _mm256_mul_ps(pj, _mm256_loadu_ps(k + 8)));
+                    v2 = _mm256_add_ps(v2, _mm256_mul_ps(pj, _mm256_loadu_ps(k + 16)));
+                    v3 = _mm256_add_ps(v3, _mm256_mul_ps(pj, _mm256_loadu_ps(k + 24)));
+                    v4 = _mm256_add_ps(v4, _mm256_mul_ps(pj, _mm256_loadu_ps(k + 32)));
+                    v5 = _mm256_add_ps(v5, _mm256_mul_ps(pj, _mm256_loadu_ps(k + 40)));
+                    v6 = _mm256_add_ps(v6, _mm256_mul_ps(pj, _mm256_loadu_ps(k + 48)));
+                    v7 = _mm256_add_ps(v7, _mm256_mul_ps(pj, _mm256_loadu_ps(k + 56)));
+                }
+                _mm256_storeu_ps(pv + i, v0); _mm256_storeu_ps(pv + i + 8, v1);
+                _mm256_storeu_ps(pv + i + 16, v2); _mm256_storeu_ps(pv + i + 24, v3);
+                _mm256_storeu_ps(pv + i + 32, v4); _mm256_storeu_ps(pv + i + 40, v5);
+                _mm256_storeu_ps(pv + i + 48, v6); _mm256_storeu_ps(pv + i + 56, v7);
+            }
+            for (; i < d; i++) {
+                float v = 0.0f;
+                for (int t = 0; t < np; t++) v += pr[t] * kp[idx[t]][i];
+                pv[i] = v;
+            }
+            const __m256 scv = _mm256_set1_ps(sc);
+            for (i = 0; i < d8; i += 8)
+                _mm256_storeu_ps(acc + i, _mm256_add_ps(_mm256_mul_ps(_mm256_loadu_ps(acc + i), scv), _mm256_loadu_ps(pv + i)));
+            for (; i < d; i++) acc[i] = acc[i] * sc + pv[i];
+            mh[h] = mnew;
+        }
+    }
+    for (int h = 0; h < H; h++) {
+        float sum = sh[h];
+        if (sink) sum = sum + expf(sink[h] - mh[h]);
+        float *oh = out + (size_t)h * d;
+        for (int i = 0; i < d; i++) {
+            float v = oh[i] / sum;
+            if (!(sum > 0)) v = 0.0f;
+            oh[i] = emu ? v41_bf16r(v) : v;
+        }
+    }
+    free(mh);
+    free(pv);
+}
+#endif
+
+typedef void (*attn_fn)(const float *, int, int, const float *const *, int, const float *, float, float *, bool);
+static attn_fn attn_impl = sparse_attn_row_c;
+static pthread_once_t attn_once = PTHREAD_ONCE_INIT;
+/* The AVX2 kernel is used only when it reproduces the C kernel bit for bit on a
+ * probe with -1 entries, a partial chunk, a d that is not a multiple of 64 or 8,
+ * tiny and large scores (V41_ATTN_C=1 forces the C kernel). */
+static void attn_check(void)
+{
+#ifdef V41_HAVE_AVX2_DQ
+    __builtin_cpu_init();
+    if (!__builtin_cpu_supports("avx2") || env_on("V41_ATTN_C")) return;
+    const int H = 3, n = 150, ds[] = {512, 75, 8};
+    bool ok = true;
+    uint32_t seed = 7;
+    for (int di = 0; di < 3 && ok; di++) {
+        int d = ds[di];
+        float *q = malloc(sizeof(float) * (size_t)H * d), *kv = malloc(sizeof(float) * (size_t)n * d);
+        float *o1 = malloc(sizeof(float) * (size_t)H * d), *o2 = malloc(sizeof(float) * (size_t)H * d);
+        const float **kp = malloc(sizeof(float *) * n);
+        float sink[3] = {0.5f, -2.0f, 8.0f};
+        if (!q || !kv || !o1 || !o2 || !kp) ok = false;
+        for (int i = 0; ok && i < H * d; i++) { seed = seed * 1664525u + 1013904223u; q[i] = ((float)(seed >> 8) * 0x1p-24f - 0.5f) * 4; }
+        for (int i = 0; ok && i < n * d; i++) { seed = seed * 1664525u + 1013904223u; kv[i] = v41_bf16r((float)(seed >> 8) * 0x1p-24f - 0.5f); }
+        for (int j = 0; ok && j < n; j++) kp[j] = (j % 7 == 3 || j > 140) ? NULL : kv + (size_t)j * d;
+        for (int e = 0; ok && e < 2; e++) {
+            sparse_attn_row_c(q, H, d, kp, n, e ? NULL : sink, 1.0f / sqrtf((float)d), o1, e == 0);
+            sparse_attn_row_avx2(q, H, d, kp, n, e ? NULL : sink, 1.0f / sqrtf((float)d), o2, e == 0);
+            if (memcmp(o1, o2, sizeof(float) * (size_t)H * d)) ok = false;
+        }
+        free(q); free(kv); free(o1); free(o2); free(kp);
+    }
+    if (ok) attn_impl = sparse_attn_row_avx2;
+#endif
+}
+
+void v41_sparse_attn_row(const float *q, int H, int d, const float *const *kp, int n,
+                         const float *sink, float scale, float *out, bool emu)
+{
+    pthread_once(&attn_once, attn_check);
+    attn_impl(q, H, d, kp, n, sink, scale, out, emu);
 }
 
 /* ------------------------------------------------------------------ hyper-connections */

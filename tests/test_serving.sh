@@ -14,8 +14,8 @@ trap 'rm -rf "$tmp"' EXIT
 export OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1
 
 synth="n=3,rate=1000,in=uniform:12:20,out=fixed:6,groups=1,prefix=8,block=8,seed=5"
-"$V41" serve-trace --synth "$synth" --limit 3 --max-len 48 --json "$tmp/plain.json" >/dev/null
-"$V41" serve-trace --synth "$synth" --limit 3 --max-len 48 --dspark --json "$tmp/spec.json" >/dev/null
+"$V41" serve-trace --block 8 --synth "$synth" --limit 3 --max-len 48 --json "$tmp/plain.json" >/dev/null
+"$V41" serve-trace --block 8 --synth "$synth" --limit 3 --max-len 48 --dspark --json "$tmp/spec.json" >/dev/null
 "$PY" - "$tmp/plain.json" "$tmp/spec.json" <<'PYEOF'
 import json, sys
 a = json.load(open(sys.argv[1])); b = json.load(open(sys.argv[2]))
@@ -64,8 +64,8 @@ cat > "$tmp/hit.jsonl" <<'TREOF'
 {"timestamp": 100000, "input_length": 27, "output_length": 5, "hash_ids": [1, 2, 5, 6]}
 {"timestamp": 200000, "input_length": 28, "output_length": 5, "hash_ids": [1, 2, 3, 7]}
 TREOF
-"$V41" serve-trace --trace "$tmp/hit.jsonl" --len-scale 1 --max-len 48 --json "$tmp/hit.json" >/dev/null
-"$V41" serve-trace --trace "$tmp/hit.jsonl" --len-scale 1 --max-len 48 --dspark --json "$tmp/hitspec.json" >/dev/null
+"$V41" serve-trace --block 8 --trace "$tmp/hit.jsonl" --len-scale 1 --max-len 48 --json "$tmp/hit.json" >/dev/null
+"$V41" serve-trace --block 8 --trace "$tmp/hit.jsonl" --len-scale 1 --max-len 48 --dspark --json "$tmp/hitspec.json" >/dev/null
 "$PY" - "$tmp/hit.json" "$tmp/hitspec.json" <<'PYEOF'
 import json, sys
 a = json.load(open(sys.argv[1])); b = json.load(open(sys.argv[2]))
