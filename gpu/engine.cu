@@ -34,6 +34,16 @@
 extern "C" int v41gh_ref_engine_create(const v41_model *m, const v41_engine_opts *o, v41_engine **out,
                                        v41_err *err);
 extern "C" int v41gh_linear(const v41_lin *L, const float *x, int64_t M, float *y, bool emu, v41_err *err);
+extern "C" void v41gh_sparse_attn_row(const float *q, int H, int d, const float *const *kp, int n, const float *sink,
+                                      float scale, float *out, bool emu);
+extern "C" void v41gh_rmsnorm(const float *x, const float *w, int64_t n, double eps, float *y, bool emu);
+extern "C" void v41gh_rope_apply(const v41_rope *rp, float *x, int64_t pos, bool inverse, bool interleaved, bool emu);
+extern "C" void v41gh_hc_pre(const float *X, const float *pre, int hc, int64_t D, float *y, bool emu);
+extern "C" void v41gh_hc_post(const float *y, const float *X, const float *post, const float *comb, int hc, int64_t D,
+                              float *Xout, bool emu);
+extern "C" int v41gh_omp_single(void);
+extern "C" void v41gh_omp_restore(int n);
+extern "C" void v41gh_set_threads(v41_engine *e, int n);
 extern "C" int v41gh_linear_ld(const v41_lin *L, const float *x, int64_t ldx, int64_t M, float *y, int64_t ldy,
                                bool emu, v41_err *err);
 
@@ -55,16 +65,28 @@ struct gh_ctx {
     std::vector<float> a, yb;
     std::vector<uint16_t> ab;
     long n_gpu = 0, n_cpu = 0;
+    // sparse attention rows
+    void *aq = nullptr, *akv = nullptr, *aidx = nullptr, *asink = nullptr, *ao = nullptr;
+    size_t caq = 0, cakv = 0, caidx = 0, casink = 0, cao = 0;
+    std::vector<uint16_t> hq, hkv, ho;
+    std::vector<int32_t> hidx;
+    long n_attn_gpu = 0, n_attn_cpu = 0;
+    // small ops (RMSNorm, RoPE, hc_pre, hc_post): device scratch slots
+    void *sp[6] = {};
+    size_t sc[6] = {};
+    std::vector<uint16_t> hb0, hb1;
+    long n_small_gpu = 0, n_small_cpu = 0;
     const v41_engine_vtbl *ref = nullptr;
     v41_engine_vtbl vt;
 };
 
 thread_local gh_ctx *tl_ctx = nullptr;
 
-struct gh_scope {   // sets the thread's engine for one vtable call
+struct gh_scope {   // sets the thread's engine (and one OpenMP thread) for one vtable call
     gh_ctx *prev;
-    explicit gh_scope(gh_ctx *g) : prev(tl_ctx) { tl_ctx = g; }
-    ~gh_scope() { tl_ctx = prev; }
+    int nthr;
+    explicit gh_scope(gh_ctx *g) : prev(tl_ctx), nthr(v41gh_omp_single()) { tl_ctx = g; }
+    ~gh_scope() { tl_ctx = prev; v41gh_omp_restore(nthr); }
 };
 
 inline gh_ctx *ctx_of(v41_engine *e) { return (gh_ctx *)e->impl; }
@@ -169,12 +191,18 @@ void gh_destroy(v41_engine *e)
     e->vt = ref;
     ref->destroy(e);
     if (getenv("V41_GPU_VERBOSE"))
-        fprintf(stderr, "gpu engine: %ld Linears on the device, %ld on the host, %.1f MiB of weights uploaded\n",
-                g->n_gpu, g->n_cpu, (double)g->wbytes / 1048576.0);
+        fprintf(stderr, "gpu engine: %ld Linears on the device, %ld on the host, %.1f MiB of weights uploaded; "
+                "%ld attention rows on the device, %ld on the host; %ld small ops on the device, %ld on the host\n",
+                g->n_gpu, g->n_cpu, (double)g->wbytes / 1048576.0, g->n_attn_gpu, g->n_attn_cpu, g->n_small_gpu,
+                g->n_small_cpu);
     for (auto &kv : g->w) cudaFree(kv.second.d);
     if (g->dx) cudaFree(g->dx);
     if (g->dq) cudaFree(g->dq);
     if (g->dy) cudaFree(g->dy);
+    for (void *p : {g->aq, g->akv, g->aidx, g->asink, g->ao})
+        if (p) cudaFree(p);
+    for (void *p : g->sp)
+        if (p) cudaFree(p);
     if (g->h) cublasDestroy(g->h);
     delete g;
 }
@@ -223,7 +251,6 @@ extern "C" int v41gh_linear_ld(const v41_lin *L, const float *x, int64_t ldx, in
     }
     rc = grow(&g->dy, &g->cy, sizeof(float) * (size_t)(M * N), err);
     if (rc) return rc;
-    cudaError_t ce;
     if (W->bf) {
         g->ab.resize(MK);
         for (size_t i = 0; i < MK; i++) g->ab[i] = bf_bits(g->a[i]);
@@ -267,6 +294,182 @@ extern "C" int v41gh_linear_ld(const v41_lin *L, const float *x, int64_t ldx, in
     return V41_OK;
 }
 
+// One query row of sparse attention with sink (SPEC §4.4) on the device: the row's
+// keys (K = V) are packed in list order into a bf16 buffer, -1 entries (kp NULL)
+// become -1 in the index list, then v41g_sparse_attn (T = 1). Emulate mode only
+// (the kernel implements its rounding points); inputs that are not bf16 values,
+// fp32 mode, head dims the kernel does not take, or any device error fall back to
+// the CPU row (counted; the hook cannot return an error).
+namespace {
+bool attn_dev(gh_ctx *g, const float *q, int H, int d, const float *const *kp, int n, const float *sink,
+              float scale, float *out)
+{
+    if (n <= 0 || d % 16 || d > 512) return false;
+    const size_t Hd = (size_t)H * d;
+    g->hq.resize(Hd);
+    for (size_t i = 0; i < Hd; i++) {
+        if (!bf_exact(q[i])) return false;
+        g->hq[i] = bf_bits(q[i]);
+    }
+    g->hkv.assign((size_t)n * d, 0);
+    g->hidx.resize((size_t)n);
+    for (int j = 0; j < n; j++) {
+        g->hidx[j] = kp[j] ? j : -1;
+        if (!kp[j]) continue;
+        for (int i = 0; i < d; i++) {
+            if (!bf_exact(kp[j][i])) return false;
+            g->hkv[(size_t)j * d + i] = bf_bits(kp[j][i]);
+        }
+    }
+    v41_err e2 = {};
+    if (grow(&g->aq, &g->caq, 2 * Hd, &e2) || grow(&g->ao, &g->cao, 2 * Hd, &e2) ||
+        grow(&g->akv, &g->cakv, 2 * (size_t)n * d, &e2) || grow(&g->aidx, &g->caidx, 4 * (size_t)n, &e2) ||
+        (sink && grow(&g->asink, &g->casink, 4 * (size_t)H, &e2)))
+        return false;
+    if (cudaMemcpy(g->aq, g->hq.data(), 2 * Hd, cudaMemcpyHostToDevice) != cudaSuccess) return false;
+    if (cudaMemcpy(g->akv, g->hkv.data(), 2 * (size_t)n * d, cudaMemcpyHostToDevice) != cudaSuccess) return false;
+    if (cudaMemcpy(g->aidx, g->hidx.data(), 4 * (size_t)n, cudaMemcpyHostToDevice) != cudaSuccess) return false;
+    if (sink && cudaMemcpy(g->asink, sink, 4 * (size_t)H, cudaMemcpyHostToDevice) != cudaSuccess) return false;
+    int kr = v41g_sparse_attn((const uint16_t *)g->aq, (const uint16_t *)g->akv, (const uint16_t *)g->akv,
+                              (const int32_t *)g->aidx, n, n, sink ? (const float *)g->asink : NULL, scale, 1, H, d,
+                              (uint16_t *)g->ao, NULL);
+    if (kr) {
+        fprintf(stderr, "gpu engine: sparse attention: %s (row done on the host)\n", v41g_error_string(kr));
+        return false;
+    }
+    g->ho.resize(Hd);
+    if (cudaMemcpy(g->ho.data(), g->ao, 2 * Hd, cudaMemcpyDeviceToHost) != cudaSuccess) return false;
+    for (size_t i = 0; i < Hd; i++) {
+        uint32_t u = (uint32_t)g->ho[i] << 16;
+        memcpy(&out[i], &u, 4);
+    }
+    return true;
+}
+}  // namespace
+
+extern "C" void v41gh_sparse_attn_row(const float *q, int H, int d, const float *const *kp, int n, const float *sink,
+                                      float scale, float *out, bool emu)
+{
+    gh_ctx *g = tl_ctx;
+    if (g && emu && attn_dev(g, q, H, d, kp, n, sink, scale, out)) {
+        g->n_attn_gpu++;
+        return;
+    }
+    if (g) g->n_attn_cpu++;
+    v41_sparse_attn_row(q, H, d, kp, n, sink, scale, out, emu);
+}
+
+// ---- small ops, one row per call (the orchestration calls them per row): host
+// values -> bf16 on the device -> kernel -> back. Emulate mode and bf16-exact inputs
+// only; anything else (or a device error) runs the CPU op (counted).
+namespace {
+void *slot(gh_ctx *g, int i, size_t n)
+{
+    v41_err e2 = {};
+    return grow(&g->sp[i], &g->sc[i], n, &e2) ? nullptr : g->sp[i];
+}
+bool to_bf(const float *x, size_t n, std::vector<uint16_t> &b)
+{
+    b.resize(n);
+    for (size_t i = 0; i < n; i++) {
+        if (!bf_exact(x[i])) return false;
+        b[i] = bf_bits(x[i]);
+    }
+    return true;
+}
+bool up(void *d, const void *h, size_t n) { return cudaMemcpy(d, h, n, cudaMemcpyHostToDevice) == cudaSuccess; }
+bool down_bf(float *y, const void *d, size_t n, std::vector<uint16_t> &b)
+{
+    b.resize(n);
+    if (cudaMemcpy(b.data(), d, 2 * n, cudaMemcpyDeviceToHost) != cudaSuccess) return false;
+    for (size_t i = 0; i < n; i++) {
+        uint32_t u = (uint32_t)b[i] << 16;
+        memcpy(&y[i], &u, 4);
+    }
+    return true;
+}
+
+bool rms_dev(gh_ctx *g, const float *x, const float *w, int64_t n, double eps, float *y)
+{
+    if (n <= 0 || n % 8) return false;
+    if (!to_bf(x, (size_t)n, g->hb0) || !to_bf(w, (size_t)n, g->hb1)) return false;
+    void *dx = slot(g, 0, 2 * (size_t)n), *dw = slot(g, 1, 2 * (size_t)n), *dy = slot(g, 2, 2 * (size_t)n);
+    if (!dx || !dw || !dy || !up(dx, g->hb0.data(), 2 * (size_t)n) || !up(dw, g->hb1.data(), 2 * (size_t)n)) return false;
+    if (v41g_rmsnorm((const uint16_t *)dx, (const uint16_t *)dw, (uint16_t *)dy, 1, (int)n, (float)eps, NULL)) return false;
+    return down_bf(y, dy, (size_t)n, g->hb0);
+}
+
+bool rope_dev(gh_ctx *g, const v41_rope *rp, float *x, int64_t pos, bool inverse)
+{
+    const int r = rp->r;
+    if (r <= 0 || r % 2) return false;
+    if (!to_bf(x, (size_t)r, g->hb0)) return false;
+    void *dx = slot(g, 0, 2 * (size_t)r), *df = slot(g, 1, 4 * (size_t)(r / 2)), *dp = slot(g, 2, 4);
+    int32_t p32 = (int32_t)pos;
+    if (!dx || !df || !dp || !up(dx, g->hb0.data(), 2 * (size_t)r) || !up(df, rp->freq, 4 * (size_t)(r / 2)) ||
+        !up(dp, &p32, 4))
+        return false;
+    if (v41g_rope((uint16_t *)dx, (const int32_t *)dp, (const float *)df, 1, 1, r, r, inverse ? 1 : 0, NULL)) return false;
+    return down_bf(x, dx, (size_t)r, g->hb0);
+}
+
+bool hcpre_dev(gh_ctx *g, const float *X, const float *pre, int hc, int64_t D, float *y)
+{
+    const size_t n = (size_t)hc * D;
+    if (D % 8 || !to_bf(X, n, g->hb0)) return false;
+    void *dX = slot(g, 0, 2 * n), *dp = slot(g, 1, 4 * (size_t)hc), *dy = slot(g, 2, 2 * (size_t)D);
+    if (!dX || !dp || !dy || !up(dX, g->hb0.data(), 2 * n) || !up(dp, pre, 4 * (size_t)hc)) return false;
+    if (v41g_hc_pre((const uint16_t *)dX, (const float *)dp, (uint16_t *)dy, 1, hc, (int)D, NULL)) return false;
+    return down_bf(y, dy, (size_t)D, g->hb0);
+}
+
+bool hcpost_dev(gh_ctx *g, const float *y, const float *X, const float *post, const float *comb, int hc, int64_t D,
+                float *Xout)
+{
+    const size_t n = (size_t)hc * D;
+    if (D % 8 || !to_bf(X, n, g->hb0) || !to_bf(y, (size_t)D, g->hb1)) return false;
+    void *dX = slot(g, 0, 2 * n), *dy = slot(g, 1, 2 * (size_t)D), *dpo = slot(g, 2, 4 * (size_t)hc),
+         *dc = slot(g, 3, 4 * (size_t)hc * hc), *dO = slot(g, 4, 2 * n);
+    if (!dX || !dy || !dpo || !dc || !dO || !up(dX, g->hb0.data(), 2 * n) || !up(dy, g->hb1.data(), 2 * (size_t)D) ||
+        !up(dpo, post, 4 * (size_t)hc) || !up(dc, comb, 4 * (size_t)hc * hc))
+        return false;
+    if (v41g_hc_post((const uint16_t *)dy, (const uint16_t *)dX, (const float *)dpo, (const float *)dc, (uint16_t *)dO,
+                     1, hc, (int)D, NULL))
+        return false;
+    return down_bf(Xout, dO, n, g->hb0);
+}
+}  // namespace
+
+extern "C" void v41gh_rmsnorm(const float *x, const float *w, int64_t n, double eps, float *y, bool emu)
+{
+    gh_ctx *g = tl_ctx;
+    if (g && emu && rms_dev(g, x, w, n, eps, y)) { g->n_small_gpu++; return; }
+    if (g) g->n_small_cpu++;
+    v41_rmsnorm(x, w, n, eps, y, emu);
+}
+extern "C" void v41gh_rope_apply(const v41_rope *rp, float *x, int64_t pos, bool inverse, bool interleaved, bool emu)
+{
+    gh_ctx *g = tl_ctx;
+    if (g && emu && interleaved && rope_dev(g, rp, x, pos, inverse)) { g->n_small_gpu++; return; }
+    if (g) g->n_small_cpu++;
+    v41_rope_apply(rp, x, pos, inverse, interleaved, emu);
+}
+extern "C" void v41gh_hc_pre(const float *X, const float *pre, int hc, int64_t D, float *y, bool emu)
+{
+    gh_ctx *g = tl_ctx;
+    if (g && emu && hcpre_dev(g, X, pre, hc, D, y)) { g->n_small_gpu++; return; }
+    if (g) g->n_small_cpu++;
+    v41_hc_pre(X, pre, hc, D, y, emu);
+}
+extern "C" void v41gh_hc_post(const float *y, const float *X, const float *post, const float *comb, int hc, int64_t D,
+                              float *Xout, bool emu)
+{
+    gh_ctx *g = tl_ctx;
+    if (g && emu && hcpost_dev(g, y, X, post, comb, hc, D, Xout)) { g->n_small_gpu++; return; }
+    if (g) g->n_small_cpu++;
+    v41_hc_post(y, X, post, comb, hc, D, Xout, emu);
+}
+
 extern "C" int v41_gpu_engine_create(const v41_model *m, const v41_engine_opts *o, v41_engine **out,
                                      v41_err *err)
 {
@@ -298,6 +501,7 @@ extern "C" int v41_gpu_engine_create(const v41_model *m, const v41_engine_opts *
     g->vt.fork = gh_fork;
     g->vt.release = gh_release;
     g->vt.destroy = gh_destroy;
+    v41gh_set_threads(e, 1);   // the orchestration's loops run on the calling thread (device hooks)
     e->impl = g;
     e->vt = &g->vt;
     *out = e;

@@ -520,21 +520,74 @@ static int moe(ref_engine *E, const fwd *F, int l, const float *x, float *y, v41
     LTAP(E, l, "ffn.gate.scores", V41_TAP_F32, bs, 2, T, NE, 0, 0);
     LTAP(E, l, "ffn.gate.weights", V41_TAP_F32, wt, 2, T, K, 0, 0);
     LTAP(E, l, "ffn.gate.indices", V41_TAP_I32, ix, 2, T, K, 0, 0);
-    for (int e = 0; e < NE; e++) {
-        int n = 0;
-        for (int t = 0; t < T; t++)
-            for (int j = 0; j < K; j++)
-                if (ix[(size_t)t * K + j] == e) {
-                    rows[n] = t;
-                    wg[n] = wt[(size_t)t * K + j];
-                    memcpy(xg + (size_t)n * D, x + (size_t)t * D, sizeof(float) * D);
-                    n++;
+    /* Routed experts run in parallel, one expert per thread at a time (its Linears run
+     * single-threaded inside the region, on the same fixed row tiles), rows grouped by
+     * expert in token order. Each (token, choice) output lands in its own slot; then every
+     * token sums its experts in ascending expert id starting from 0, the order of a
+     * sequential expert loop, so the bits do not depend on the thread count. */
+    if (K > 64) {
+        rc = v41_err_set(err, V41_EINVAL, "layer %d: more than 64 activated experts (%d)", l, K);
+        goto done;
+    }
+    {
+        float *slot = malloc(sizeof(float) * (size_t)T * K * D);
+        int *cnt = calloc((size_t)NE + 1, sizeof(int)), *lst = malloc(sizeof(int) * (size_t)T * K);
+        int *fill = malloc(sizeof(int) * (size_t)NE);
+        if (!slot || !cnt || !lst || !fill) {
+            free(slot); free(cnt); free(lst); free(fill);
+            rc = v41_err_set(err, V41_ENOMEM, "out of memory");
+            goto done;
+        }
+        for (size_t a = 0; a < (size_t)T * K; a++) cnt[ix[a] + 1]++;
+        for (int e = 0; e < NE; e++) { cnt[e + 1] += cnt[e]; fill[e] = cnt[e]; }
+        for (size_t a = 0; a < (size_t)T * K; a++) lst[fill[ix[a]]++] = (int)a;
+        int erc = V41_OK;
+        v41_err eerr = {0};
+#pragma omp parallel for schedule(dynamic, 1)
+        for (int e = 0; e < NE; e++) {
+            const int n = cnt[e + 1] - cnt[e];
+            if (!n || erc) continue;
+            const int *ls = lst + cnt[e];
+            float *xe = malloc(sizeof(float) * (size_t)n * D), *oe = malloc(sizeof(float) * (size_t)n * D);
+            float *we = malloc(sizeof(float) * (size_t)n);
+            v41_err e2 = {0};
+            int r2 = (!xe || !oe || !we) ? v41_err_set(&e2, V41_ENOMEM, "out of memory") : V41_OK;
+            if (!r2) {
+                for (int i = 0; i < n; i++) {
+                    memcpy(xe + (size_t)i * D, x + (size_t)(ls[i] / K) * D, sizeof(float) * D);
+                    we[i] = wt[ls[i]];
                 }
-        if (!n) continue;
-        rc = expert_fwd(E, &W->ex[e], xg, n, wg, og, err);
-        if (rc) goto done;
-        for (int i = 0; i < n; i++)
-            for (int k = 0; k < D; k++) acc[(size_t)rows[i] * D + k] += og[(size_t)i * D + k];
+                r2 = expert_fwd(E, &W->ex[e], xe, n, we, oe, &e2);
+            }
+            if (r2) {
+#pragma omp critical
+                { erc = r2; eerr = e2; }
+            } else
+                for (int i = 0; i < n; i++) memcpy(slot + (size_t)ls[i] * D, oe + (size_t)i * D, sizeof(float) * D);
+            free(xe); free(oe); free(we);
+        }
+        if (!erc) {
+#pragma omp parallel for schedule(static)
+            for (int t = 0; t < T; t++) {
+                int ord[64], nk = K < 64 ? K : 64;
+                for (int j = 0; j < nk; j++) { /* choices by ascending expert id */
+                    int b2 = j - 1;
+                    while (b2 >= 0 && ix[(size_t)t * K + ord[b2]] > ix[(size_t)t * K + j]) { ord[b2 + 1] = ord[b2]; b2--; }
+                    ord[b2 + 1] = j;
+                }
+                float *at = acc + (size_t)t * D;
+                for (int j = 0; j < nk; j++) {
+                    const float *sl = slot + ((size_t)t * K + ord[j]) * D;
+                    for (int k = 0; k < D; k++) at[k] += sl[k];
+                }
+            }
+        }
+        free(slot); free(cnt); free(lst); free(fill);
+        if (erc) {
+            if (err) *err = eerr;
+            rc = erc;
+            goto done;
+        }
     }
     rc = expert_fwd(E, &W->sh, x, T, NULL, og, err);
     if (rc) goto done;

@@ -22,14 +22,20 @@
 
 /* ------------------------------------------------------------------ GEMM */
 
-/* benchmark counters of the calling thread (v41 bench ref); off unless enabled */
-static _Thread_local double gemm_secs, gemm_flops, lin_secs, dq_secs;
-static _Thread_local bool gemm_count;
+/* benchmark counters (v41 bench ref); off unless enabled. Process-wide, because
+ * Linears also run inside parallel regions (routed experts): updated atomically. */
+static double gemm_secs, gemm_flops, lin_secs, dq_secs;
+static bool gemm_count;
 
 double v41_gemm_seconds(bool reset)
 {
-    double s = gemm_secs;
-    if (reset) gemm_secs = 0;
+    double s;
+#pragma omp atomic read
+    s = gemm_secs;
+    if (reset) {
+#pragma omp atomic write
+        gemm_secs = 0;
+    }
     return s;
 }
 void v41_gemm_count_enable(bool on) { gemm_count = on; }
@@ -409,32 +415,54 @@ int v41_linear_ld(const v41_lin *L, const float *x, int64_t ldx, int64_t M, floa
     v41_err lerr = {0};
     const bool count = gemm_count;
     double gsec = 0, gfl = 0, dsec = 0, tl0 = count ? now_s() : 0;
-#pragma omp parallel reduction(+ : gsec, gfl, dsec) if (nch > 1)
+    /* fp32 weights are used in place (no scratch copy) */
+    const bool direct = L->w->dtype == V41_DT_F32 && !L->s && L->w->ndim == 2 && L->w->shape[1] == K &&
+                        L->row0 >= 0 && L->row0 + N <= L->w->shape[0];
+    /* work items: (weight chunk, group of row tiles). With few chunks (hc mixes, small
+     * N) the tiles are split into G groups so that every thread has work; each item
+     * dequantizes its chunk itself. Items only partition the (chunk, tile) calls, whose
+     * shapes are fixed: the bits do not depend on G or on the thread count. */
+    int nthr = 1;
+#ifdef _OPENMP
+    if (!omp_in_parallel()) nthr = omp_get_max_threads();
+#endif
+    int64_t G = 1;
+    if (nch < 2 * nthr && nt > 1) {
+        G = (2 * nthr + nch - 1) / nch;
+        if (G > nt) G = nt;
+    }
+    const int64_t nitem = nch * G;
+#pragma omp parallel reduction(+ : gsec, gfl, dsec) if (nitem > 1)
     {
-        float *W = tl_scratch((size_t)NC * K + (size_t)NC * V41_GEMM_MT);
-        float *Ct = W ? W + (size_t)NC * K : NULL;
+        float *W = tl_scratch((direct ? 0 : (size_t)NC * K) + (size_t)NC * V41_GEMM_MT);
+        float *Ct = W ? W + (direct ? 0 : (size_t)NC * K) : NULL;
         v41_err e2 = {0};
         if (!W) {
 #pragma omp critical
             rc = v41_err_set(&lerr, V41_ENOMEM, "linear: out of memory (scratch)");
         }
 #pragma omp for schedule(dynamic, 1)
-        for (int64_t c = 0; c < nch; c++) {
+        for (int64_t it = 0; it < nitem; it++) {
             if (!W) continue;
+            const int64_t c = it / G, g = it % G;
             int64_t n0 = c * NC, nc = N - n0 < NC ? N - n0 : NC;
-            double td = count ? now_s() : 0;
-            int r2 = dequant_fast(L->w, L->s, L->row0 + n0, nc, W, &e2);
-            if (count) dsec += now_s() - td;
-            if (r2) {
+            const float *Wc = W;
+            if (direct) Wc = (const float *)L->w->data + (size_t)(L->row0 + n0) * K;
+            else {
+                double td = count ? now_s() : 0;
+                int r2 = dequant_fast(L->w, L->s, L->row0 + n0, nc, W, &e2);
+                if (count) dsec += now_s() - td;
+                if (r2) {
 #pragma omp critical
-                { rc = r2; lerr = e2; }
-                continue;
+                    { rc = r2; lerr = e2; }
+                    continue;
+                }
             }
-            for (int64_t t = 0; t < nt; t++) {
+            for (int64_t t = g * nt / G; t < (g + 1) * nt / G; t++) {
                 const int64_t m0 = t * tw, w = tw;
                 double t0 = count ? now_s() : 0;
                 /* transposed tile: Ct[nc, w] = W[nc, K] . A[w, K]^T, full K in one call */
-                sgemm_nt((int)nc, (int)w, (int)K, W, (int)K, A + m0 * K, (int)K, 0.0f, Ct, (int)w);
+                sgemm_nt((int)nc, (int)w, (int)K, Wc, (int)K, A + m0 * K, (int)K, 0.0f, Ct, (int)w);
                 if (count) {
                     gsec += now_s() - t0;
                     gfl += 2.0 * (double)w * (double)nc * (double)K;
@@ -451,10 +479,20 @@ int v41_linear_ld(const v41_lin *L, const float *x, int64_t ldx, int64_t M, floa
         }
     }
     if (count) {
+        /* wall seconds of this Linear; a call made inside a parallel region (routed
+         * experts) counts its share 1/team of the wall time */
+        double lw = now_s() - tl0;
+#ifdef _OPENMP
+        if (omp_in_parallel()) lw /= omp_get_num_threads();
+#endif
+#pragma omp atomic
         gemm_secs += gsec;
+#pragma omp atomic
         gemm_flops += gfl;
+#pragma omp atomic
         dq_secs += dsec;
-        lin_secs += now_s() - tl0;
+#pragma omp atomic
+        lin_secs += lw;
     }
     free(A);
     if (rc) {
