@@ -803,10 +803,10 @@ static int indexer(ref_engine *E, fwd *F, int l, const float *x, const float *qr
             for (int s = 0; s < Lc; s++) {
                 if (s >= Lt) { It[s] = -INFINITY; continue; }
                 const float *ks = s < cap ? keys + (size_t)s * dI : NULL;
-                float tot = 0.0f;
+                float tot = 0.0f, dots[nI]; /* dots[h] = v41_dot(q_h, ks, dI), same bits */
+                if (ks) v41_dot_rows(q + (size_t)t * nI * dI, nI, dI, ks, dI, dots);
                 for (int h = 0; h < nI; h++) {
-                    const float *qh = q + ((size_t)t * nI + h) * dI;
-                    float dot = ks ? v41_dot(qh, ks, dI) : 0.0f;
+                    float dot = ks ? dots[h] : 0.0f;
                     if (emu) dot = v41_bf16r(dot);
                     if (relu && dot < 0) dot = 0.0f;
                     float pr = dot * w[(size_t)t * nI + h];

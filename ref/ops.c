@@ -363,20 +363,23 @@ int v41_linear(const v41_lin *L, const float *x, int64_t M, float *y, bool emu, 
     return v41_linear_ld(L, x, L->K, M, y, L->N, emu, err);
 }
 
-/* Per-thread scratch (dequantized weight chunk + output tile), kept across calls
- * so that the hot loop allocates (and page-faults) nothing. A cache only: its
- * contents never outlive one chunk. */
-static _Thread_local float *tl_buf;
-static _Thread_local size_t tl_cap;
-static float *tl_scratch(size_t n)
+/* Per-thread scratch (dequantized weight chunk + output tile; the input copy of a
+ * Linear), kept across calls (grow-only) so that Linears allocate and page-fault
+ * nothing in steady state. A cache only: its contents never outlive one call. */
+static _Thread_local float *tl_buf, *tl_abuf;
+static _Thread_local size_t tl_cap, tl_acap;
+static float *tl_grow(float **buf, size_t *cap, size_t n)
 {
-    if (n > tl_cap) {
-        free(tl_buf);
-        tl_buf = malloc(sizeof(float) * n);
-        tl_cap = tl_buf ? n : 0;
+    if (n > *cap) {
+        free(*buf);
+        *buf = malloc(sizeof(float) * n);
+        *cap = *buf ? n : 0;
     }
-    return tl_buf;
+    return *buf;
 }
+static float *tl_scratch(size_t n) { return tl_grow(&tl_buf, &tl_cap, n); }
+/* the calling thread's padded, act_quant'ed copy of the input rows (Mp x K) */
+static float *tl_input(size_t n) { return tl_grow(&tl_abuf, &tl_acap, n); }
 
 /* Emulate-mode fp8/fp4 Linears: the official y[n] = sum_kb (sum_{k in kb} a_q w_q) sa[kb] sw[kb]
  * accumulates block after block in fp32. Both scales are powers of two, so they are folded
@@ -399,7 +402,7 @@ int v41_linear_ld(const v41_lin *L, const float *x, int64_t ldx, int64_t M, floa
     pthread_once(&probe_once, probe_tiles);
     const int64_t tw = mode_widths[tile_mode];
     const int64_t nt = (M + tw - 1) / tw, Mp = nt * tw;
-    float *A = malloc(sizeof(float) * (size_t)(Mp * K));
+    float *A = tl_input((size_t)(Mp * K));
     if (!A) {
         return v41_err_set(err, V41_ENOMEM, "linear: out of memory (%lld x %lld)", (long long)Mp, (long long)K);
     }
@@ -494,7 +497,6 @@ int v41_linear_ld(const v41_lin *L, const float *x, int64_t ldx, int64_t M, floa
 #pragma omp atomic
         lin_secs += lw;
     }
-    free(A);
     if (rc) {
         if (err) *err = lerr;
         return rc;
@@ -765,10 +767,39 @@ __attribute__((target("avx2"))) static void sparse_attn_row_avx2(const float *q,
     free(mh);
     free(pv);
 }
+__attribute__((target("avx2"))) static void dot_rows_avx2(const float *Q, int nq, int64_t ldq, const float *k, int n,
+                                                           float *out)
+{
+    const int n8 = n / 8 * 8;
+    int h = 0;
+    for (; h + 4 <= nq; h += 4) {
+        const float *q0 = Q + h * ldq, *q1 = q0 + ldq, *q2 = q1 + ldq, *q3 = q2 + ldq;
+        __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+        for (int i = 0; i < n8; i += 8) {
+            __m256 kv = _mm256_loadu_ps(k + i);
+            a0 = _mm256_add_ps(a0, _mm256_mul_ps(_mm256_loadu_ps(q0 + i), kv));
+            a1 = _mm256_add_ps(a1, _mm256_mul_ps(_mm256_loadu_ps(q1 + i), kv));
+            a2 = _mm256_add_ps(a2, _mm256_mul_ps(_mm256_loadu_ps(q2 + i), kv));
+            a3 = _mm256_add_ps(a3, _mm256_mul_ps(_mm256_loadu_ps(q3 + i), kv));
+        }
+        out[h] = hsum8(a0, q0, k, n8, n);
+        out[h + 1] = hsum8(a1, q1, k, n8, n);
+        out[h + 2] = hsum8(a2, q2, k, n8, n);
+        out[h + 3] = hsum8(a3, q3, k, n8, n);
+    }
+    for (; h < nq; h++) out[h] = v41_dot(Q + h * ldq, k, n);
+}
 #endif
+
+static void dot_rows_c(const float *Q, int nq, int64_t ldq, const float *k, int n, float *out)
+{
+    for (int h = 0; h < nq; h++) out[h] = v41_dot(Q + h * ldq, k, n);
+}
 
 typedef void (*attn_fn)(const float *, int, int, const float *const *, int, const float *, float, float *, bool);
 static attn_fn attn_impl = sparse_attn_row_c;
+typedef void (*dots_fn)(const float *, int, int64_t, const float *, int, float *);
+static dots_fn dots_impl = dot_rows_c;
 static pthread_once_t attn_once = PTHREAD_ONCE_INIT;
 /* The AVX2 kernel is used only when it reproduces the C kernel bit for bit on a
  * probe with -1 entries, a partial chunk, a d that is not a multiple of 64 or 8,
@@ -799,7 +830,27 @@ static void attn_check(void)
         free(q); free(kv); free(o1); free(o2); free(kp);
     }
     if (ok) attn_impl = sparse_attn_row_avx2;
+    /* v41_dot_rows: odd row count, n with a tail */
+    {
+        const int nq = 7, ns[] = {128, 75};
+        float Q[7 * 128], k[128], o1[7], o2[7];
+        bool ok2 = true;
+        for (int a = 0; a < 2; a++) {
+            for (int i = 0; i < nq * 128; i++) { seed = seed * 1664525u + 1013904223u; Q[i] = (float)(seed >> 8) * 0x1p-24f - 0.5f; }
+            for (int i = 0; i < 128; i++) { seed = seed * 1664525u + 1013904223u; k[i] = (float)(seed >> 8) * 0x1p-24f - 0.5f; }
+            dot_rows_c(Q, nq, 128, k, ns[a], o1);
+            dot_rows_avx2(Q, nq, 128, k, ns[a], o2);
+            if (memcmp(o1, o2, sizeof o1)) ok2 = false;
+        }
+        if (ok2) dots_impl = dot_rows_avx2;
+    }
 #endif
+}
+
+void v41_dot_rows(const float *Q, int nq, int64_t ldq, const float *k, int n, float *out)
+{
+    pthread_once(&attn_once, attn_check);
+    dots_impl(Q, nq, ldq, k, n, out);
 }
 
 void v41_sparse_attn_row(const float *q, int H, int d, const float *const *kp, int n,

@@ -49,6 +49,9 @@ static inline float v41_dot(const float *restrict a, const float *restrict b, in
     return s;
 }
 
+/* out[h] = v41_dot(Q + h*ldq, k, n) for h < nq, bitwise (AVX2 when it reproduces v41_dot). */
+void v41_dot_rows(const float *Q, int nq, int64_t ldq, const float *k, int n, float *out);
+
 /* ---- GEMM ---------------------------------------------------------------- */
 
 /* How a Linear computes (SPEC §2):
