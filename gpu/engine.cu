@@ -1,6 +1,6 @@
 // engine.cu: v41_gpu_engine_create (the v41_engine interface on CUDA), first stage.
 //
-// What runs where (docs/gpu.md, "GPU engine"):
+// What runs where (README.md, section 'GPU kernels', "GPU engine"):
 //  - every Linear of the forward pass (q/kv/o projections, grouped wo_a, compressor
 //    and indexer projections, hc mixes, gate, routed + shared experts, Engram wkv,
 //    final head, DSpark main_proj / Markov head / confidence) runs on the device:

@@ -1,4 +1,4 @@
-/* engine_hyb.c: the orchestration of the GPU engine (first stage, see docs/gpu.md
+/* engine_hyb.c: the orchestration of the GPU engine (first stage, see README.md, section 'GPU kernels'
  * "GPU engine"). The CPU reference orchestration (ref/engine.c) is compiled a
  * second time here with every Linear (v41_linear / v41_linear_ld), every
  * sparse-attention row (v41_sparse_attn_row), RMSNorm, RoPE and mHC pre/post

@@ -1,4 +1,4 @@
-/* v41 diff A.h5 B.h5: compare two dumps in execution order (docs/harness.md). */
+/* v41 diff A.h5 B.h5: compare two dumps in execution order (README.md, section 'Harness'). */
 #include "config.h"
 #include "v41_cli.h"
 #include "v41_diff.h"

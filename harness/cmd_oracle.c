@@ -4,7 +4,7 @@
  * README there) through the ref engine in emulate mode and compares every captured
  * tensor, step by step and layer by layer, caches and DSpark included.
  *
- * Pass rule (docs/engine.md):
+ * Pass rule (README.md, section 'CPU reference engine'):
  *  - discrete tensors (top-k lists incl. -1, candidate masks, expert ids, greedy and
  *    draft tokens, engram hash ids, ambiguity flags): identical. A row the golden file
  *    flags ambiguous (exact bf16 tie at the top-k cut) may select differently only among

@@ -1,5 +1,5 @@
 /* v41 run: prefill + K greedy decode steps through an engine, every tap
- * dumped (schema: docs/harness.md). v41 taps: the tap table.
+ * dumped (schema: README.md, section 'Harness'). v41 taps: the tap table.
  * The option parser for inputs is shared with bisect and parity. */
 #include "config.h"
 #include "v41_cli.h"
@@ -129,7 +129,7 @@ static void run_usage(FILE *f)
                "              --dump OUT.h5 [--taps PATTERN] [--inject NAME[@L]] [--threads N]\n"
                "              [--force-from DUMP [--force-taps PATTERN]]\n\n"
                "Prefill every prompt in one ragged forward, then K greedy decode steps; every tap\n"
-               "(or those matching --taps) is streamed into OUT.h5 (schema v41-dump v1, docs/harness.md).\n"
+               "(or those matching --taps) is streamed into OUT.h5 (schema v41-dump v1, README.md, section 'Harness').\n"
                "OUT.h5 appears only when the run succeeded.\n\n%s"
                "  --engine ref|gpu      engine (default ref)\n"
                "  --precision P         emulate (bf16/fp8/fp4 rounding points, default) or fp32\n"

@@ -1,4 +1,4 @@
-/* cmd_sim.c: `v41 sim`, the trace-driven serving simulator (docs/sim.md).
+/* cmd_sim.c: `v41 sim`, the trace-driven serving simulator (README.md, section 'Simulator').
  * Parses options into v41_sim_opts, runs one simulation, one index of a
  * parameter sweep, or merges sweep outputs. */
 #include "v41_cli.h"

@@ -1,4 +1,4 @@
-/* diff.c: tap-by-tap comparison of two dumps (metrics: docs/harness.md).
+/* diff.c: tap-by-tap comparison of two dumps (metrics: README.md, section 'Harness').
  * Reads both tensors in slabs of at most opts.chunk_elems elements, so the
  * memory used is bounded by the slab size, not by the dump size. */
 #include "config.h"

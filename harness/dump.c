@@ -1,5 +1,5 @@
 /* dump.c: HDF5 dump writer (a tap sink, streaming) and reader, schema
- * "v41-dump" version 1 (docs/harness.md).
+ * "v41-dump" version 1 (README.md, section 'Harness').
  *
  * Memory: the writer hands each tap's buffer straight to H5Dwrite and closes
  * the dataset (HDF5 writes chunk by chunk through a small chunk cache); the

@@ -1,7 +1,7 @@
 /* v41_diff.h: compare two v41 dumps tap by tap in execution order.
  *
  * A = reference (first file), B = candidate. Continuous taps: per-element
- * pass rule |a-b| <= atol + rtol*|a| plus the metrics of docs/harness.md
+ * pass rule |a-b| <= atol + rtol*|a| plus the metrics of README.md, section 'Harness'
  * (max abs with index and values, max rel with 0/0 = 0, RMS error, NMSE,
  * cosine, count over tolerance, NaN/Inf position mismatches, smallest atol
  * that passes at the given rtol). Discrete taps (I32/U8): each row (all
@@ -95,7 +95,7 @@ int v41_diff_tensor_compare(v41_dump_reader *a, const v41_dump_entry *ea, v41_du
                             const v41_dump_entry *eb, const v41_diff_opts *o, const char *tol_level,
                             v41_diff_tensor *out, v41_err *err);
 
-/* Default tolerances (docs/harness.md): level "bf16": rtol = 2^-6,
+/* Default tolerances (README.md, section 'Harness'): level "bf16": rtol = 2^-6,
  * atol = 2^-6 * max|a|; level "fp32": rtol = 2^-13, atol = 2^-13 * max|a|.
  * Level = "fp32" when both dumps have precision fp32, else "bf16"; BF16
  * taps always get at least the bf16 level. */

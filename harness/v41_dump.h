@@ -1,5 +1,5 @@
 /* v41_dump.h: HDF5 activation dumps, schema "v41-dump" version 1
- * (docs/harness.md documents every group, dataset and attribute).
+ * (README.md, section 'Harness' documents every group, dataset and attribute).
  *
  * Writer: a v41_tap_sink that streams every tap to disk as it arrives
  * (chunked, shuffle+deflate, nothing accumulated), into OUT.tmp, renamed to

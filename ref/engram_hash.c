@@ -1,6 +1,6 @@
 /* engram_hash.c: Engram n-gram hash ids (SPEC.md §8), bit-exact with
  * DeepSeek's inference/engram.py (compute_hash_multipliers, EngramLayout
- * primes, NgramHashState.forward). See docs/engram.md. */
+ * primes, NgramHashState.forward). See README.md, section 'Engram hashing'. */
 #include "v41_engram.h"
 
 #include <stdlib.h>

@@ -12,7 +12,7 @@
  *      multiply-shift rejection (never the masked method), on 32-bit draws when
  *      rng < 2^32-1, on 64-bit draws otherwise.
  * Written from the description of numpy's algorithms (bit_generator.pyx,
- * pcg64.h, distributions.c); see docs/engram.md. */
+ * pcg64.h, distributions.c); see README.md, section 'Engram hashing'. */
 #include "v41_engram.h"
 
 #include <string.h>

@@ -386,7 +386,7 @@ static float *tl_input(size_t n) { return tl_grow(&tl_abuf, &tl_acap, n); }
  * exactly into the operands (act_quant'ed activations and dequantized weights carry them), and
  * the whole K is ONE sgemm: the result differs from the block-wise sum only in fp32 summation
  * order (OpenBLAS sums K sequentially within its own K panels, a function of K alone), which is
- * inside the oracle tolerance (docs/engine.md, numerics). The order never depends on M: fixed
+ * inside the oracle tolerance (README.md, section 'CPU reference engine', numerics). The order never depends on M: fixed
  * column tiles (above). */
 int v41_linear_ld(const v41_lin *L, const float *x, int64_t ldx, int64_t M, float *y, int64_t ldy,
                   bool emu, v41_err *err)

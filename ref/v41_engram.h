@@ -3,7 +3,7 @@
  * (np.random.default_rng(seed).integers(low, high, n, dtype=np.int64)).
  *
  * Everything here is pure and thread-safe: the hash object is read-only after
- * v41_engram_hash_init. See docs/engram.md. */
+ * v41_engram_hash_init. See README.md, section 'Engram hashing'. */
 #ifndef V41_ENGRAM_H
 #define V41_ENGRAM_H
 

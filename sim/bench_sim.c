@@ -1,7 +1,7 @@
 /* bench_sim.c: `make bench` entry of the simulator: the whole Mooncake conversation
  * trace (../shared/traces, else the 200-line sample in traces/) with replay on, the
  * default Flash model and roofline costs; prints wall time and events/s. Speed target
- * (docs/sim.md): <= 30 s on one core. Not a test: it never fails on time. */
+ * (README.md, section 'Simulator'): <= 30 s on one core. Not a test: it never fails on time. */
 #include "config.h"
 #include "v41_sim.h"
 #include <stdlib.h>

@@ -1,5 +1,5 @@
 /* sim_core.c: discrete-event simulation of continuous-batching replicas
- * (docs/sim.md "Scheduler", "Prefix cache", "Replay", "DSpark").
+ * (README.md, section 'Simulator' "Scheduler", "Prefix cache", "Replay", "DSpark").
  *
  * Events: request arrivals (read one at a time from the trace) and step
  * completions (one per busy replica). A step is built at its start time:
@@ -620,7 +620,7 @@ int v41_sim_run(const v41_sim_opts *o, v41_trace *tr, const v41_sim_sinks *sinks
         return v41_err_set(err, V41_EINVAL, "--dspark %d: one draft block yields at most dspark_block_size = %d drafts",
                            o->draft_len, o->cfg.dspark_block_size);
     v41_hw hw = o->hw;
-    /* GPUs per replica: the weights must fit in 60% of the HBM (docs/sim.md) */
+    /* GPUs per replica: the weights must fit in 60% of the HBM (README.md, section 'Simulator') */
     {
         v41_cost_model *tmp;
         int rc = v41_cost_create(&o->cfg, &hw, o->profile, &tmp, err);

@@ -1,6 +1,6 @@
 /* sim_cost.c: FLOPs and bytes of one forward from the model config and the
  * batch composition, and their time from a measured profile or roofline
- * numbers (docs/sim.md "Cost model").
+ * numbers (README.md, section 'Simulator' "Cost model").
  *
  * Layers with the same schedule (compress ratio, kv/index/candidate source,
  * Engram, position relative to the replay cut, expert counts) cost the same,
@@ -34,7 +34,7 @@ void v41_hw_h200(v41_hw *hw)
     hw->peak_flops = 989e12;
     hw->peak_bw = 4.8e12;
     hw->hbm_bytes = 141e9;
-    /* Achievable fractions of the peaks (docs/sim.md): large cuBLAS GEMMs reach ~60-70% of
+    /* Achievable fractions of the peaks (README.md, section 'Simulator'): large cuBLAS GEMMs reach ~60-70% of
      * dense peak, streaming kernels ~80-90% of HBM bandwidth; sparse gathers less. */
     const double ef[V41_OP_NCLASS] = {0.60, 0.40, 0.50, 0.45, 0.50, 0.30};
     const double eb[V41_OP_NCLASS] = {0.80, 0.65, 0.70, 0.70, 0.75, 0.70};

@@ -1,4 +1,4 @@
-/* sim_out.c: simulator outputs (docs/sim.md "Outputs"): per-request and KV
+/* sim_out.c: simulator outputs (README.md, section 'Simulator' "Outputs"): per-request and KV
  * timeline tables as CSV and HDF5 (chunked, appended in blocks, so memory does
  * not grow with the trace), summary JSON / table, streaming percentiles, the
  * sweep merge, and the acceptance distribution read from serve-trace JSON. */

@@ -1,4 +1,4 @@
-/* sim_trace.c: streaming request-trace readers (docs/sim.md "Traces").
+/* sim_trace.c: streaming request-trace readers (README.md, section 'Simulator' "Traces").
  *
  * Mooncake FAST'25 JSONL: {"timestamp": ms, "input_length": n, "output_length": n, "hash_ids": [...]}.
  * Azure LLM inference 2023 CSV: TIMESTAMP (YYYY-MM-DD HH:MM:SS.fffffff), ContextTokens, GeneratedTokens.

@@ -1,4 +1,4 @@
-/* v41_sim.h: trace-driven serving simulator (docs/sim.md).
+/* v41_sim.h: trace-driven serving simulator (README.md, section 'Simulator').
  *
  * Four modules, one header:
  *   sim_trace.c  streaming trace readers (Mooncake JSONL, Azure 2023 CSV) and a
@@ -37,7 +37,7 @@ typedef struct v41_trace v41_trace;
 /* format: "mooncake", "azure" or "auto" (by extension, then by the first byte).
  * lenient: malformed rows are skipped and counted instead of failing. */
 int v41_trace_open(const char *path, const char *format, bool lenient, v41_trace **out, v41_err *err);
-/* Synthetic generator, spec "key=value,..." (docs/sim.md): n, rate, arrival=poisson|gamma,
+/* Synthetic generator, spec "key=value,..." (README.md, section 'Simulator'): n, rate, arrival=poisson|gamma,
  * cv, in=DIST, out=DIST (DIST: fixed:N | uniform:A:B | lognormal:MEAN:SIGMA | exp:MEAN),
  * groups, prefix (shared tokens per group), block, seed. */
 int v41_trace_open_synth(const char *spec, v41_trace **out, v41_err *err);
@@ -144,7 +144,7 @@ typedef struct v41_accept {
     double pmf[V41_ACC_MAXLEN + 1];    /* empirical: probability of k accepted drafts */
     int pmf_len;                       /* entries used (max draft length seen + 1) */
 } v41_accept;
-/* "fixed:P", "geom:P" or "file:PATH" (v41 serve-trace JSON, docs/sim.md). */
+/* "fixed:P", "geom:P" or "file:PATH" (v41 serve-trace JSON, README.md, section 'Simulator'). */
 int v41_accept_parse(const char *spec, v41_accept *a, v41_err *err);
 
 typedef enum { V41_ROUTE_RR = 0, V41_ROUTE_LEAST } v41_route;

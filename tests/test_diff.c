@@ -1,6 +1,6 @@
 /* test_diff: metrics, decision flips, ordering and bounded memory of
  * harness/diff.c. Expected metric values are computed here from their
- * definitions in docs/harness.md on small hand-made tensors. */
+ * definitions in README.md, section 'Harness' on small hand-made tensors. */
 #include "v41_diff.h"
 #include <check.h>
 #include <math.h>

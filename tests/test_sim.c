@@ -1,4 +1,4 @@
-/* test_sim.c: Check suite of the serving simulator (sim/, docs/sim.md).
+/* test_sim.c: Check suite of the serving simulator (sim/, README.md, section 'Simulator').
  * Every expected value below is derived independently of the code under
  * test: by hand from a hand-made trace, from SPEC §4-§7 written as naive
  * per-row loops, or from a conservation law. */

@@ -1,6 +1,6 @@
 """v41dump: write and read v41 activation dumps (schema "v41-dump", version 1).
 
-The same HDF5 layout the C tools write (docs/harness.md), so a dump made from
+The same HDF5 layout the C tools write (README.md, section 'Harness'), so a dump made from
 your own engine (a PyTorch port, vLLM, ...) can be compared with the CPU
 reference by `v41 diff`. Needs numpy and h5py only; torch is imported lazily
 by TorchHooks.
