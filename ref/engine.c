@@ -1089,6 +1089,48 @@ done:
 
 /* ------------------------------------------------------------------ block (SPEC §3) */
 
+/* The second half of a block, shared by the backbone and the DSpark stages:
+ * the attention's hc_post into the mid stream, then the FFN half (SPEC §3: its
+ * own mixes, the attention's pre-mix) and the FFN's hc_post back into X.
+ * ya holds the attention output on entry; the other buffers are scratch owned by
+ * the caller (so an early return from a forcing point or a tap leaks nothing). */
+static int block_rest(ref_engine *E, fwd *F, int l, float *X, float *premix, float *ya, float *xa, float *Xm,
+                      float *mixes, float *aPre, float *aPost, float *aC, float *fPost, float *fC, v41_err *err)
+{
+    const v41_config *c = E->cfg;
+    const layer_w *W = &E->L[l];
+    const int T = F->T, hc = c->hc_mult, D = c->dim, mix = (2 + hc) * hc;
+    const int64_t hD = (int64_t)hc * D;
+    const bool emu = E->emu;
+    int rc = V41_OK;
+    for (int t = 0; t < T; t++)
+        v41_hc_post(ya + (size_t)t * D, X + t * hD, aPost + t * hc, aC + t * hc * hc, hc, D, Xm + t * hD, emu);
+    LFORCE(E, l, "stream.mid", V41_TAP_BF16, Xm, 3, T, hc, D);
+    LFORCE(E, l, "hc.attn.pre", V41_TAP_F32, aPre, 2, T, hc, 0);
+    LTAP(E, l, "stream.mid", V41_TAP_BF16, Xm, 3, T, hc, D, 0);
+    /* FFN half: its own mixes; the pre-mix used is the attention's */
+    rc = hc_mixes(E, F, Xm, &W->hc_ffn_fn, W->hc_ffn_scale, W->hc_ffn_base, l, mixes, premix, fPost, fC, err);
+    if (rc) goto done;
+    LTAP(E, l, "hc.ffn.mixes", V41_TAP_F32, mixes, 2, T, mix, 0, 0);
+    LTAP(E, l, "hc.ffn.pre", V41_TAP_F32, premix, 2, T, hc, 0, 0);
+    LTAP(E, l, "hc.ffn.post", V41_TAP_F32, fPost, 2, T, hc, 0, 0);
+    LTAP(E, l, "hc.ffn.comb", V41_TAP_F32, fC, 3, T, hc, hc, 0);
+    for (int t = 0; t < T; t++) {
+        v41_hc_pre(Xm + t * hD, aPre + t * hc, hc, D, xa + (size_t)t * D, emu);
+        v41_rmsnorm(xa + (size_t)t * D, W->ffn_norm, D, c->norm_eps, xa + (size_t)t * D, emu);
+    }
+    LTAP(E, l, "ffn.norm", V41_TAP_BF16, xa, 2, T, D, 0, 0);
+    rc = moe(E, F, l, xa, ya, err);
+    if (rc) goto done;
+    LTAP(E, l, "ffn.out", V41_TAP_BF16, ya, 2, T, D, 0, 0);
+    for (int t = 0; t < T; t++)
+        v41_hc_post(ya + (size_t)t * D, Xm + t * hD, fPost + t * hc, fC + t * hc * hc, hc, D, X + t * hD, emu);
+    LTAP(E, l, "stream.out", V41_TAP_BF16, X, 3, T, hc, D, 0);
+    LTAP(E, l, "premix.out", V41_TAP_F32, premix, 2, T, hc, 0, 0);
+done:
+    return rc;
+}
+
 static int block(ref_engine *E, fwd *F, int l, float *X, float *premix, v41_err *err)
 {
     const v41_config *c = E->cfg;
@@ -1131,30 +1173,7 @@ static int block(ref_engine *E, fwd *F, int l, float *X, float *premix, v41_err 
         v41_srv_gather(F, aC, (int64_t)hc * hc);
         T = F->T;
     }
-    for (int t = 0; t < T; t++)
-        v41_hc_post(ya + (size_t)t * D, X + t * hD, aPost + t * hc, aC + t * hc * hc, hc, D, Xm + t * hD, emu);
-    LFORCE(E, l, "stream.mid", V41_TAP_BF16, Xm, 3, T, hc, D);
-    LFORCE(E, l, "hc.attn.pre", V41_TAP_F32, aPre, 2, T, hc, 0);
-    LTAP(E, l, "stream.mid", V41_TAP_BF16, Xm, 3, T, hc, D, 0);
-    /* FFN half: its own mixes; the pre-mix used is the attention's */
-    rc = hc_mixes(E, F, Xm, &W->hc_ffn_fn, W->hc_ffn_scale, W->hc_ffn_base, l, mixes, premix, fPost, fC, err);
-    if (rc) goto done;
-    LTAP(E, l, "hc.ffn.mixes", V41_TAP_F32, mixes, 2, T, mix, 0, 0);
-    LTAP(E, l, "hc.ffn.pre", V41_TAP_F32, premix, 2, T, hc, 0, 0);
-    LTAP(E, l, "hc.ffn.post", V41_TAP_F32, fPost, 2, T, hc, 0, 0);
-    LTAP(E, l, "hc.ffn.comb", V41_TAP_F32, fC, 3, T, hc, hc, 0);
-    for (int t = 0; t < T; t++) {
-        v41_hc_pre(Xm + t * hD, aPre + t * hc, hc, D, xa + (size_t)t * D, emu);
-        v41_rmsnorm(xa + (size_t)t * D, W->ffn_norm, D, c->norm_eps, xa + (size_t)t * D, emu);
-    }
-    LTAP(E, l, "ffn.norm", V41_TAP_BF16, xa, 2, T, D, 0, 0);
-    rc = moe(E, F, l, xa, ya, err);
-    if (rc) goto done;
-    LTAP(E, l, "ffn.out", V41_TAP_BF16, ya, 2, T, D, 0, 0);
-    for (int t = 0; t < T; t++)
-        v41_hc_post(ya + (size_t)t * D, Xm + t * hD, fPost + t * hc, fC + t * hc * hc, hc, D, X + t * hD, emu);
-    LTAP(E, l, "stream.out", V41_TAP_BF16, X, 3, T, hc, D, 0);
-    LTAP(E, l, "premix.out", V41_TAP_F32, premix, 2, T, hc, 0, 0);
+    rc = block_rest(E, F, l, X, premix, ya, xa, Xm, mixes, aPre, aPost, aC, fPost, fC, err);
 done:
     free(mixes); free(aPre); free(aPost); free(aC); free(fPost); free(fC); free(xa); free(ya); free(Xm);
     return rc;
@@ -1357,29 +1376,7 @@ static int stage_block(ref_engine *E, fwd *F, int l, float *X, float *premix, v4
     LTAP(E, l, "attn.norm", V41_TAP_BF16, xa, 2, T, D, 0, 0);
     rc = dspark_attention(E, F, l, xa, ya, err);
     if (rc) goto done;
-    for (int t = 0; t < T; t++)
-        v41_hc_post(ya + (size_t)t * D, X + t * hD, aPost + t * hc, aC + t * hc * hc, hc, D, Xm + t * hD, emu);
-    LFORCE(E, l, "stream.mid", V41_TAP_BF16, Xm, 3, T, hc, D);
-    LFORCE(E, l, "hc.attn.pre", V41_TAP_F32, aPre, 2, T, hc, 0);
-    LTAP(E, l, "stream.mid", V41_TAP_BF16, Xm, 3, T, hc, D, 0);
-    rc = hc_mixes(E, F, Xm, &W->hc_ffn_fn, W->hc_ffn_scale, W->hc_ffn_base, l, mixes, premix, fPost, fC, err);
-    if (rc) goto done;
-    LTAP(E, l, "hc.ffn.mixes", V41_TAP_F32, mixes, 2, T, mix, 0, 0);
-    LTAP(E, l, "hc.ffn.pre", V41_TAP_F32, premix, 2, T, hc, 0, 0);
-    LTAP(E, l, "hc.ffn.post", V41_TAP_F32, fPost, 2, T, hc, 0, 0);
-    LTAP(E, l, "hc.ffn.comb", V41_TAP_F32, fC, 3, T, hc, hc, 0);
-    for (int t = 0; t < T; t++) {
-        v41_hc_pre(Xm + t * hD, aPre + t * hc, hc, D, xa + (size_t)t * D, emu);
-        v41_rmsnorm(xa + (size_t)t * D, W->ffn_norm, D, c->norm_eps, xa + (size_t)t * D, emu);
-    }
-    LTAP(E, l, "ffn.norm", V41_TAP_BF16, xa, 2, T, D, 0, 0);
-    rc = moe(E, F, l, xa, ya, err);
-    if (rc) goto done;
-    LTAP(E, l, "ffn.out", V41_TAP_BF16, ya, 2, T, D, 0, 0);
-    for (int t = 0; t < T; t++)
-        v41_hc_post(ya + (size_t)t * D, Xm + t * hD, fPost + t * hc, fC + t * hc * hc, hc, D, X + t * hD, emu);
-    LTAP(E, l, "stream.out", V41_TAP_BF16, X, 3, T, hc, D, 0);
-    LTAP(E, l, "premix.out", V41_TAP_F32, premix, 2, T, hc, 0, 0);
+    rc = block_rest(E, F, l, X, premix, ya, xa, Xm, mixes, aPre, aPost, aC, fPost, fC, err);
 done:
     free(mixes); free(aPre); free(aPost); free(aC); free(fPost); free(fC); free(xa); free(ya); free(Xm);
     return rc;
