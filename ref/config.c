@@ -1,6 +1,7 @@
 /* config.c: config.json (DeepSeek ModelArgs keys or the Hugging Face form),
  * validation of SPEC §1, layer-schedule helpers, serialisation. */
 #include "v41_config.h"
+#include "v41_loader_internal.h"
 #include <cjson/cJSON.h>
 #include <errno.h>
 #include <limits.h>
@@ -119,8 +120,9 @@ static int get_int64(const cJSON *j, const char *key, int64_t lo, int64_t hi, in
     return V41_OK;
 }
 
-/* Case-sensitive lookup that rejects duplicate keys (cJSON keeps both). */
-static const cJSON *obj_get(const cJSON *obj, const char *key, int *dup)
+/* Case-sensitive lookup that reports duplicate keys (cJSON keeps both); shared with the
+ * safetensors header parser (v41_loader_internal.h). */
+const cJSON *v41_json_get_unique(const cJSON *obj, const char *key, int *dup)
 {
     const cJSON *found = NULL, *it;
     *dup = 0;
@@ -238,8 +240,8 @@ static int parse_rope_scaling(const cJSON *rs, v41_config *cfg, bool *seen, v41_
     if (!cJSON_IsObject(rs))
         return v41_err_set(err, V41_EINVAL, "config key 'rope_scaling': expected an object, got %s", jtype(rs));
     int dup;
-    const cJSON *t = obj_get(rs, "type", &dup);
-    if (!t) t = obj_get(rs, "rope_type", &dup);
+    const cJSON *t = v41_json_get_unique(rs, "type", &dup);
+    if (!t) t = v41_json_get_unique(rs, "rope_type", &dup);
     if (t && (!cJSON_IsString(t) || strcmp(t->valuestring, "yarn")))
         return v41_err_set(err, V41_EINVAL, "config key 'rope_scaling.type': only \"yarn\" is supported");
     static const struct { const char *k; size_t off; bool isint; } f[] = {
@@ -249,7 +251,7 @@ static int parse_rope_scaling(const cJSON *rs, v41_config *cfg, bool *seen, v41_
         {"original_max_position_embeddings", OFF(original_seq_len), true},
     };
     for (size_t i = 0; i < 4; i++) {
-        const cJSON *j = obj_get(rs, f[i].k, &dup);
+        const cJSON *j = v41_json_get_unique(rs, f[i].k, &dup);
         char name[96];
         snprintf(name, sizeof name, "rope_scaling.%s", f[i].k);
         if (dup) return v41_err_set(err, V41_EINVAL, "config key '%s': duplicate key", name);
@@ -275,7 +277,7 @@ static int parse_quant_config(const cJSON *qc, v41_err *err)
     if (!cJSON_IsObject(qc))
         return v41_err_set(err, V41_EINVAL, "config key 'quantization_config': expected an object, got %s", jtype(qc));
     int dup;
-    const cJSON *bs = obj_get(qc, "weight_block_size", &dup);
+    const cJSON *bs = v41_json_get_unique(qc, "weight_block_size", &dup);
     if (!bs) return V41_OK;
     if (!cJSON_IsArray(bs) || cJSON_GetArraySize(bs) != 2 || !cJSON_IsNumber(cJSON_GetArrayItem(bs, 0)) ||
         !cJSON_IsNumber(cJSON_GetArrayItem(bs, 1)) || cJSON_GetArrayItem(bs, 0)->valuedouble != 32 ||
@@ -302,7 +304,7 @@ int v41_config_parse(const char *json_text, size_t len, v41_config *cfg, v41_err
     }
     int dup;
     const cJSON *obj = root;
-    const cJSON *tc = obj_get(root, "text_config", &dup);
+    const cJSON *tc = v41_json_get_unique(root, "text_config", &dup);
     bool hf = false;
     if (tc) {
         if (!cJSON_IsObject(tc)) {
@@ -312,7 +314,7 @@ int v41_config_parse(const char *json_text, size_t len, v41_config *cfg, v41_err
         obj = tc;
         hf = true;
     }
-    if (obj_get(obj, "hidden_size", &dup) || obj_get(obj, "num_hidden_layers", &dup) || obj_get(obj, "model_type", &dup))
+    if (v41_json_get_unique(obj, "hidden_size", &dup) || v41_json_get_unique(obj, "num_hidden_layers", &dup) || v41_json_get_unique(obj, "model_type", &dup))
         hf = true;
     snprintf(cfg->source_form, sizeof cfg->source_form, "%s", hf ? "hf" : "modelargs");
 
@@ -321,11 +323,11 @@ int v41_config_parse(const char *json_text, size_t len, v41_config *cfg, v41_err
         const cJSON *j = NULL;
         const char *kname = k->name;
         if (hf && k->hf) {
-            j = obj_get(obj, k->hf, &dup);
+            j = v41_json_get_unique(obj, k->hf, &dup);
             kname = k->hf;
-            if (!j) { j = obj_get(obj, k->name, &dup); kname = k->name; }
+            if (!j) { j = v41_json_get_unique(obj, k->name, &dup); kname = k->name; }
         } else {
-            j = obj_get(obj, k->name, &dup);
+            j = v41_json_get_unique(obj, k->name, &dup);
         }
         if (dup) { rc = v41_err_set(err, V41_EINVAL, "config key '%s': duplicate key", kname); goto out; }
         if (!j) {
@@ -350,7 +352,7 @@ int v41_config_parse(const char *json_text, size_t len, v41_config *cfg, v41_err
 
     /* compress_ratios count: n_layers + n_mtp_layers entries */
     {
-        const cJSON *cr = obj_get(obj, "compress_ratios", &dup);
+        const cJSON *cr = v41_json_get_unique(obj, "compress_ratios", &dup);
         int n = cJSON_GetArraySize(cr);
         if (cfg->n_mtp_layers < 0) cfg->n_mtp_layers = n - cfg->n_layers; /* absent: inferred */
         if (cfg->n_layers < 1) {
@@ -370,7 +372,7 @@ int v41_config_parse(const char *json_text, size_t len, v41_config *cfg, v41_err
         }
     }
     {
-        const cJSON *ne = obj_get(obj, "engram_num_embeddings", &dup);
+        const cJSON *ne = v41_json_get_unique(obj, "engram_num_embeddings", &dup);
         int n = ne ? cJSON_GetArraySize(ne) : 0;
         if (n != cfg->n_engram_layers) {
             rc = v41_err_set(err, V41_EINVAL,
@@ -381,10 +383,10 @@ int v41_config_parse(const char *json_text, size_t len, v41_config *cfg, v41_err
     }
     if (hf) {
         bool seen = false;
-        const cJSON *rs = obj_get(obj, "rope_scaling", &dup);
+        const cJSON *rs = v41_json_get_unique(obj, "rope_scaling", &dup);
         if (rs && (rc = parse_rope_scaling(rs, cfg, &seen, err))) goto out;
-        const cJSON *qc = obj_get(obj, "quantization_config", &dup);
-        if (!qc && obj != root) qc = obj_get(root, "quantization_config", &dup);
+        const cJSON *qc = v41_json_get_unique(obj, "quantization_config", &dup);
+        if (!qc && obj != root) qc = v41_json_get_unique(root, "quantization_config", &dup);
         if (qc && (rc = parse_quant_config(qc, err))) goto out;
     }
     rc = v41_config_validate(cfg, err);

@@ -1131,7 +1131,11 @@ done:
     return rc;
 }
 
-static int block(ref_engine *E, fwd *F, int l, float *X, float *premix, v41_err *err)
+static int dspark_attention(ref_engine *E, fwd *F, int l, const float *x, float *y, v41_err *err);
+
+/* One block (SPEC §3), backbone layer or DSpark stage (stage: the drafter's non-causal window
+ * attention, SPEC §8, instead of the backbone attention). */
+static int block(ref_engine *E, fwd *F, int l, float *X, float *premix, bool stage, v41_err *err)
 {
     const v41_config *c = E->cfg;
     const layer_w *W = &E->L[l];
@@ -1163,7 +1167,7 @@ static int block(ref_engine *E, fwd *F, int l, float *X, float *premix, v41_err 
         v41_rmsnorm(xa + (size_t)t * D, W->attn_norm, D, c->norm_eps, xa + (size_t)t * D, emu);
     }
     LTAP(E, l, "attn.norm", V41_TAP_BF16, xa, 2, T, D, 0, 0);
-    rc = attention(E, F, l, xa, ya, err);
+    rc = stage ? dspark_attention(E, F, l, xa, ya, err) : attention(E, F, l, xa, ya, err);
     if (rc) goto done;
     if (F->just_cut) { /* the cut's query started the compacted view (SPEC §7): gather this block's rows */
         F->just_cut = false;
@@ -1342,44 +1346,11 @@ done:
 
 static int stage_block(ref_engine *E, fwd *F, int l, float *X, float *premix, v41_err *err)
 {
-    /* same block as the backbone's, with the DSpark attention */
-    const v41_config *c = E->cfg;
-    const layer_w *W = &E->L[l];
-    const int T = F->T, hc = c->hc_mult, D = c->dim, mix = (2 + hc) * hc;
-    const int64_t hD = (int64_t)hc * D;
-    const bool emu = E->emu;
-    int rc = V41_OK;
-    float *mixes = malloc(sizeof(float) * (size_t)T * mix);
-    float *aPre = malloc(sizeof(float) * (size_t)T * hc), *aPost = malloc(sizeof(float) * (size_t)T * hc);
-    float *aC = malloc(sizeof(float) * (size_t)T * hc * hc);
-    float *fPost = malloc(sizeof(float) * (size_t)T * hc), *fC = malloc(sizeof(float) * (size_t)T * hc * hc);
-    float *xa = malloc(sizeof(float) * (size_t)T * D), *ya = malloc(sizeof(float) * (size_t)T * D);
-    float *Xm = malloc(sizeof(float) * (size_t)T * hD);
-    if (!mixes || !aPre || !aPost || !aC || !fPost || !fC || !xa || !ya || !Xm) {
-        rc = v41_err_set(err, V41_ENOMEM, "out of memory");
-        goto done;
-    }
+    /* the stages' inputs are forcing points of their own (the backbone's are set in the layer loop) */
+    const int T = F->T, hc = E->cfg->hc_mult, D = E->cfg->dim;
     LFORCE(E, l, "stream.in", V41_TAP_BF16, X, 3, T, hc, D);
     LFORCE(E, l, "premix.in", V41_TAP_F32, premix, 2, T, hc, 0);
-    LTAP(E, l, "stream.in", V41_TAP_BF16, X, 3, T, hc, D, 0);
-    LTAP(E, l, "premix.in", V41_TAP_F32, premix, 2, T, hc, 0, 0);
-    rc = hc_mixes(E, F, X, &W->hc_attn_fn, W->hc_attn_scale, W->hc_attn_base, l, mixes, aPre, aPost, aC, err);
-    if (rc) goto done;
-    LTAP(E, l, "hc.attn.mixes", V41_TAP_F32, mixes, 2, T, mix, 0, 0);
-    LTAP(E, l, "hc.attn.pre", V41_TAP_F32, aPre, 2, T, hc, 0, 0);
-    LTAP(E, l, "hc.attn.post", V41_TAP_F32, aPost, 2, T, hc, 0, 0);
-    LTAP(E, l, "hc.attn.comb", V41_TAP_F32, aC, 3, T, hc, hc, 0);
-    for (int t = 0; t < T; t++) {
-        v41_hc_pre(X + t * hD, premix + t * hc, hc, D, xa + (size_t)t * D, emu);
-        v41_rmsnorm(xa + (size_t)t * D, W->attn_norm, D, c->norm_eps, xa + (size_t)t * D, emu);
-    }
-    LTAP(E, l, "attn.norm", V41_TAP_BF16, xa, 2, T, D, 0, 0);
-    rc = dspark_attention(E, F, l, xa, ya, err);
-    if (rc) goto done;
-    rc = block_rest(E, F, l, X, premix, ya, xa, Xm, mixes, aPre, aPost, aC, fPost, fC, err);
-done:
-    free(mixes); free(aPre); free(aPost); free(aC); free(fPost); free(fC); free(xa); free(ya); free(Xm);
-    return rc;
+    return block(E, F, l, X, premix, true, err);
 }
 
 static int embed_rows(ref_engine *E, const int32_t *ids, int T, float *out, v41_err *err)
@@ -1657,7 +1628,7 @@ static int ref_forward(v41_engine *e, const v41_batch *b, v41_out *out, v41_err 
                 }
             ti++;
         }
-        rc = block(E, &F, l, X, premix, err);
+        rc = block(E, &F, l, X, premix, false, err);
         if (rc) goto done;
         rc = cache_taps(E, &F, l, err);
         if (rc) goto done;

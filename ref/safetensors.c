@@ -231,18 +231,6 @@ int v41w_finish(v41_weights *w, v41_err *err)
 
 /* ------------------------------------------------------------------ parsing */
 
-static const cJSON *obj_get1(const cJSON *obj, const char *key, int *dup)
-{
-    const cJSON *found = NULL, *it;
-    *dup = 0;
-    cJSON_ArrayForEach(it, obj) {
-        if (it->string && !strcmp(it->string, key)) {
-            if (found) *dup = 1;
-            else found = it;
-        }
-    }
-    return found;
-}
 
 typedef struct {
     uint64_t b, e;
@@ -357,8 +345,8 @@ static int parse_image(v41_weights *w, int fidx, const char *label, const uint8_
             goto out;
         }
         int d1, d2, d3;
-        const cJSON *jdt = obj_get1(it, "dtype", &d1), *jsh = obj_get1(it, "shape", &d2),
-                    *jof = obj_get1(it, "data_offsets", &d3);
+        const cJSON *jdt = v41_json_get_unique(it, "dtype", &d1), *jsh = v41_json_get_unique(it, "shape", &d2),
+                    *jof = v41_json_get_unique(it, "data_offsets", &d3);
         if (d1 || d2 || d3) {
             rc = v41_err_set(err, V41_EINVAL, "%s: tensor '%s': duplicate field in its header entry", label, name);
             goto out;
@@ -541,7 +529,7 @@ static int open_index(v41_weights *w, const char *index_path, v41_err *err)
         return v41_err_set(err, V41_EINVAL, "%s: not a JSON object", index_path);
     }
     int dup;
-    const cJSON *wm = obj_get1(root, "weight_map", &dup);
+    const cJSON *wm = v41_json_get_unique(root, "weight_map", &dup);
     if (!wm || !cJSON_IsObject(wm) || dup) {
         cJSON_Delete(root);
         return v41_err_set(err, V41_EINVAL, "%s: key 'weight_map' missing or not an object", index_path);

@@ -5,6 +5,11 @@
 #define V41_LOADER_INTERNAL_H
 
 #include "v41_weights.h"
+#include <cjson/cJSON.h>
+
+/* Member `key` of a JSON object; *dup = 1 when the key occurs more than once (cJSON keeps
+ * every duplicate, a checkpoint or config with one is rejected by the callers). */
+const cJSON *v41_json_get_unique(const cJSON *obj, const char *key, int *dup);
 
 /* An empty in-memory weight set. */
 v41_weights *v41w_new_mem(void);
