@@ -374,8 +374,9 @@ static int parse_image(v41_weights *w, int fidx, const char *label, const uint8_
         int k = 0;
         const cJSON *d;
         cJSON_ArrayForEach(d, jsh) {
-            if (!cJSON_IsNumber(d) || d->valuedouble != (double)(int64_t)d->valuedouble || d->valuedouble < 0 ||
-                d->valuedouble > 9.0e15) {
+            /* range first: converting an out-of-range double to int64_t is undefined (found by fuzzing) */
+            if (!cJSON_IsNumber(d) || d->valuedouble < 0 || d->valuedouble > 9.0e15 ||
+                d->valuedouble != (double)(int64_t)d->valuedouble) {
                 rc = v41_err_set(err, V41_EINVAL, "%s: tensor '%s': shape[%d] is not a non-negative integer", label,
                                  name, k);
                 goto out;

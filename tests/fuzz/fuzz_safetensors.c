@@ -4,6 +4,7 @@
  * byte under ASan). Build and run: `make fuzz` (needs clang). */
 #include "v41_loader_internal.h"
 #include "v41_quant.h"
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
