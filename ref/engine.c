@@ -909,6 +909,19 @@ static int attn_out_proj(ref_engine *E, int l, float *o, int T, const int *pos, 
     return rc;
 }
 
+/* Shared end of the backbone and DSpark attentions: the key-list and core taps, then the
+ * grouped output projection (SPEC §4 step 6) and its tap. o: [T, H, d], lists: [T, LW]. */
+static int attn_finish(ref_engine *E, int l, int T, const int32_t *lists, int LW, float *o, const int *pos, float *y,
+                       v41_err *err)
+{
+    const int H = E->cfg->n_heads, d = E->cfg->head_dim;
+    LTAP(E, l, "attn.topk", V41_TAP_I32, lists, 2, T, LW, 0, 0);
+    LTAP(E, l, "attn.core", V41_TAP_BF16, o, 3, T, H, d, 0);
+    CK(attn_out_proj(E, l, o, T, pos, y, err));
+    LTAP(E, l, "attn.out", V41_TAP_BF16, y, 2, T, E->cfg->dim, 0, 0);
+    return V41_OK;
+}
+
 static int attention(ref_engine *E, fwd *F, int l, const float *x, float *y, v41_err *err)
 {
     const v41_config *c = E->cfg;
@@ -1031,11 +1044,7 @@ static int attention(ref_engine *E, fwd *F, int l, const float *x, float *y, v41
             free(kp);
         }
     }
-    LTAP(E, l, "attn.topk", V41_TAP_I32, lists, 2, T, LW, 0, 0);
-    LTAP(E, l, "attn.core", V41_TAP_BF16, o, 3, T, H, d, 0);
-    rc = attn_out_proj(E, l, o, T, F->row_pos, y, err);
-    if (rc) goto done;
-    LTAP(E, l, "attn.out", V41_TAP_BF16, y, 2, T, c->dim, 0, 0);
+    rc = attn_finish(E, l, T, lists, LW, o, F->row_pos, y, err);
 done:
     free(qr); free(q); free(kv); free(o); free(emitted); free(lists);
     return rc;
@@ -1334,11 +1343,7 @@ static int dspark_attention(ref_engine *E, fwd *F, int l, const float *x, float 
             free(kp);
         }
     }
-    LTAP(E, l, "attn.topk", V41_TAP_I32, lists, 2, T, LW, 0, 0);
-    LTAP(E, l, "attn.core", V41_TAP_BF16, o, 3, T, H, d, 0);
-    rc = attn_out_proj(E, l, o, T, F->row_pos, y, err);
-    if (rc) goto done;
-    LTAP(E, l, "attn.out", V41_TAP_BF16, y, 2, T, c->dim, 0, 0);
+    rc = attn_finish(E, l, T, lists, LW, o, F->row_pos, y, err);
 done:
     free(qr); free(q); free(kv); free(o); free(lists); free(zero);
     return rc;
