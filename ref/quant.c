@@ -230,6 +230,10 @@ int v41_dequant_rows(const v41_tensor *w, const v41_tensor *scale,
     if (r0 < 0 || nr < 0 || r0 + nr > N)
         return v41_err_set(err, V41_EINVAL, "%s: rows [%lld, %lld) out of range (%lld rows)", wn,
                            (long long)r0, (long long)(r0 + nr), (long long)N);
+    /* a block-scale tensor is 1-D or 2-D, like its weight (a 0-D one was found by fuzzing) */
+    if (scale && (scale->ndim < 1 || scale->ndim > 2))
+        return v41_err_set(err, V41_EINVAL, "%s: scale tensor '%s' has %d dims, expected 1 or 2", wn,
+                           scale->name ? scale->name : "(scale)", scale->ndim);
     const uint8_t *d = (const uint8_t *)w->data;
     switch (w->dtype) {
     case V41_DT_BF16:
@@ -255,8 +259,8 @@ int v41_dequant_rows(const v41_tensor *w, const v41_tensor *scale,
         int64_t nbk = (K + 31) / 32, nbn = (N + 31) / 32;
         int64_t sr = scale->ndim == 2 ? scale->shape[0] : 1, sc = scale->shape[scale->ndim - 1];
         bool rowwise;
-        if (scale->ndim <= 2 && sr == nbn && sc == nbk) rowwise = false;     /* 32x32 blocks */
-        else if (scale->ndim <= 2 && sr == N && sc == nbk) rowwise = true;   /* per row, 32 columns (engram tables) */
+        if (sr == nbn && sc == nbk) rowwise = false;     /* 32x32 blocks */
+        else if (sr == N && sc == nbk) rowwise = true;   /* per row, 32 columns (engram tables) */
         else
             return v41_err_set(err, V41_EINVAL,
                                "%s: scale shape [%lld, %lld] fits neither [ceil(N/32), ceil(K/32)] = [%lld, %lld] "
@@ -277,7 +281,7 @@ int v41_dequant_rows(const v41_tensor *w, const v41_tensor *scale,
         if (K % 32)
             return v41_err_set(err, V41_EINVAL, "%s: F4 weight needs K %% 32 == 0, got K = %lld", wn, (long long)K);
         int64_t sr = scale->ndim == 2 ? scale->shape[0] : 1, sc = scale->shape[scale->ndim - 1];
-        if (scale->ndim > 2 || sr != N || sc != K / 32)
+        if (sr != N || sc != K / 32)
             return v41_err_set(err, V41_EINVAL, "%s: scale shape [%lld, %lld], expected [N, K/32] = [%lld, %lld]", wn,
                                (long long)sr, (long long)sc, (long long)N, (long long)(K / 32));
         for (int64_t r = r0; r < r0 + nr; r++)
