@@ -572,7 +572,7 @@ static int force_fetch(void *vctx, const char *name, int step, v41_tap_kind kind
 
 static void usage(FILE *f)
 {
-    fprintf(f, "usage: v41 oracle-check MODEL_DIR GOLDEN.h5 [--compat official|fixed] [--json] [--engine ref]\n"
+    fprintf(f, "usage: v41 oracle-check MODEL_DIR GOLDEN.h5 [--compat official|fixed] [--json] [--engine ref|gpu]\n"
                "                        [--free] [--dump OUT.h5] [--threads N] [--steps N] [--verbose]\n\n"
                "Replays the golden file's inputs (prefill of /prompt_ids, each decode step fed\n"
                "/stepKK/input_ids, DSpark after every step) through the engine in emulate mode and\n"
@@ -580,13 +580,14 @@ static void usage(FILE *f)
                "--compat: index-key semantics (default: fixed when the file has the root attribute\n"
                "index_k_semantics=\"fixed\", else official). Prints per-tensor max |diff|, rms, cosine,\n"
                "tolerance and pass; failing tensors first. Each layer starts from the golden stream and\n"
-               "pre-mix entering it (teacher forcing); --free runs without (informational). --dump writes\n"
+               "pre-mix entering it (teacher forcing); --free runs without (informational). --engine gpu\n"
+               "runs the CUDA engine (emulate mode) under the same pass rule. --dump writes\n"
                "every tap of the replay as a v41 dump. Exit 0: all pass, 1: differences, 2: error.\n");
 }
 
 int v41_cmd_oracle_check(int argc, char **argv)
 {
-    const char *model_dir = NULL, *golden = NULL, *compat_s = NULL, *dump_path = NULL;
+    const char *model_dir = NULL, *golden = NULL, *compat_s = NULL, *dump_path = NULL, *engine = "ref";
     bool json = false, verbose = false, free_run = false;
     int threads = 0, max_steps = -1;
     for (int i = 1; i < argc; i++) {
@@ -598,7 +599,11 @@ int v41_cmd_oracle_check(int argc, char **argv)
         else if (!strcmp(argv[i], "--threads") && i + 1 < argc) threads = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--steps") && i + 1 < argc) max_steps = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--engine") && i + 1 < argc) {
-            if (strcmp(argv[++i], "ref")) { fprintf(stderr, "oracle-check: only --engine ref is supported\n"); return 2; }
+            engine = argv[++i];
+            if (strcmp(engine, "ref") && strcmp(engine, "gpu")) {
+                fprintf(stderr, "oracle-check: --engine must be ref or gpu, not '%s'\n", engine);
+                return 2;
+            }
         } else if (!strcmp(argv[i], "--dump") && i + 1 < argc) dump_path = argv[++i]; else if (argv[i][0] == '-') { fprintf(stderr, "oracle-check: unknown option %s\n", argv[i]); usage(stderr); return 2; }
         else if (!model_dir) model_dir = argv[i];
         else if (!golden) golden = argv[i];
@@ -644,15 +649,20 @@ int v41_cmd_oracle_check(int argc, char **argv)
     o.threads = threads;
     o.max_requests = C.B;
     o.replay = false; /* the official code has no bounded replay (SPEC §7) */
-    if (v41_ref_engine_create(m, &o, &C.e, &err)) { fprintf(stderr, "oracle-check: %s\n", err.msg); goto out; }
+    bool gpu = !strcmp(engine, "gpu");
+    if ((gpu ? v41_gpu_engine_create : v41_ref_engine_create)(m, &o, &C.e, &err)) {
+        fprintf(stderr, "oracle-check: %s engine: %s\n", engine, err.msg);
+        goto out;
+    }
     if (dump_path) {
         char fp[17];
         v41_weights_fingerprint(m->w, fp);
         char *cj = v41_config_to_json(&m->cfg);
-        v41_dump_meta meta = {.engine = "ref", .precision = "emulate",
+        v41_dump_meta meta = {.engine = engine, .precision = "emulate",
                               .compat = compat == V41_COMPAT_OFFICIAL ? "official" : "fixed",
                               .config_json = cj ? cj : "", .weights_fingerprint = fp, .replay = "off",
-                              .blas = V41_BLAS_NAME, .gpu = "", .inject = "", .command = "v41 oracle-check",
+                              .blas = V41_BLAS_NAME, .gpu = gpu ? "cuda" : "", .inject = "",
+                              .command = "v41 oracle-check",
                               .model = model_dir, .threads = threads};
         int drc = v41_dump_create(dump_path, &meta, &C.S.dump, &err);
         free(cj);
@@ -724,6 +734,7 @@ int v41_cmd_oracle_check(int argc, char **argv)
     if (json) {
         cJSON *root = cJSON_CreateObject();
         cJSON_AddStringToObject(root, "golden", golden);
+        cJSON_AddStringToObject(root, "engine", engine);
         cJSON_AddStringToObject(root, "compat", compat == V41_COMPAT_OFFICIAL ? "official" : "fixed");
         cJSON_AddNumberToObject(root, "steps", C.ndec + 1);
         cJSON_AddNumberToObject(root, "compared", C.nres);
@@ -752,7 +763,7 @@ int v41_cmd_oracle_check(int argc, char **argv)
         free(s);
         cJSON_Delete(root);
     } else {
-        printf("oracle-check %s (compat %s, emulate): %d steps, %d tensors compared\n", golden,
+        printf("oracle-check %s (engine %s, compat %s, emulate): %d steps, %d tensors compared\n", golden, engine,
                compat == V41_COMPAT_OFFICIAL ? "official" : "fixed", C.ndec + 1, C.nres);
         printf("%-44s %-10s %-10s %-10s %-10s %s\n", "tensor", "max_abs", "rms", "cosine", "tol", "pass");
         for (int pass = 0; pass < 2; pass++)

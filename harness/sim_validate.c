@@ -5,10 +5,14 @@
  *
  * Rates come from a measured profile (--profile, v41-profile/1 written by
  * `v41 bench gpu` in the same session), the H200 roofline (default), or
- * --fit: t = c0 + sum_k a_k * T_k, where T_k is the roofline time of op
- * class k in that step, fitted (non-negative least squares) on the even
- * steps and evaluated on the odd ones (held out). --fit is how a machine
- * without a profile (e.g. the CPU reference) calibrates the cost model. */
+ * --fit: t = c0 + sum_k a_k * T_k + r * rows + q * requests, where T_k is the
+ * roofline time of op class k in that step, fitted (non-negative least squares) on the even
+ * steps and evaluated on the odd ones (held out), or --fit-from CAL.json:
+ * fitted on every step of a separate calibration run and evaluated on every
+ * step of SERVE.json. T_k come from the profile when one is given. The fit is
+ * how an engine whose step time is not the sum of its kernels' device times
+ * (host orchestration, launch and copy overheads: the CPU reference, the
+ * first-stage GPU engine) calibrates the cost model. */
 #include "v41_cli.h"
 #include "v41_sim.h"
 #include <cjson/cJSON.h>
@@ -16,16 +20,22 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define NF (1 + V41_OP_NCLASS)
+/* fit features: 1 (per step), the op-class times, query rows, requests in the batch
+ * (the last two carry the per-row and per-request host work of an engine that
+ * orchestrates on the CPU, like Vidur's CPU-overhead terms) */
+#define NF (1 + V41_OP_NCLASS + 2)
 
 static void usage(FILE *f)
 {
-    fprintf(f, "usage: v41 sim --validate SERVE.json [--model M] [--profile P.json | --fit] [--json]\n\n"
+    fprintf(f, "usage: v41 sim --validate SERVE.json [--model M] [--profile P.json] [--fit | --fit-from CAL.json] [--json]\n\n"
                "Predicted vs measured step latency of a `v41 serve-trace --json` run.\n"
                "  --model M     model config (default: the one recorded in SERVE.json)\n"
                "  --profile P   measured rates (v41-profile/1, e.g. `v41 bench gpu --json P`)\n"
-               "  --fit         fit t = c0 + sum_k a_k*T_k (T_k: roofline time of op class k) on the even\n"
+               "  --fit         fit t = c0 + sum_k a_k*T_k + r*rows + q*requests (T_k: time of op class k) on the even\n"
                "                steps by non-negative least squares; report the error on the odd steps\n"
+               "  --fit-from C  the same fit on every step of another serve-trace run C (a calibration set of\n"
+               "                batch mixes), evaluated on every step of SERVE.json\n"
+               "  (with --profile, T_k are the profile's op-class times, else the roofline's)\n"
                "Reports the median and p90 of |predicted - measured| / measured. Exit: 0 ok, 2 error.\n");
 }
 
@@ -36,7 +46,27 @@ static int cmp_d(const void *a, const void *b)
 }
 
 /* least squares on the active set, dropping the most negative coefficient until none is negative */
+static void nnls_raw(int n, const double *X, const double *y, double *coef);
+/* columns scaled to unit maximum before solving (the features span ns to
+ * hundreds of rows), coefficients scaled back */
 static void nnls(int n, const double *X, const double *y, double *coef)
+{
+    double sc[NF];
+    double *Xs = malloc(sizeof *Xs * (size_t)n * NF);
+    for (int a = 0; a < NF; a++) {
+        sc[a] = 0;
+        for (int i = 0; i < n; i++) sc[a] = fmax(sc[a], fabs(X[i * NF + a]));
+        if (!(sc[a] > 0)) sc[a] = 1;
+    }
+    if (!Xs) { for (int a = 0; a < NF; a++) coef[a] = 0; return; }
+    for (int i = 0; i < n; i++)
+        for (int a = 0; a < NF; a++) Xs[i * NF + a] = X[i * NF + a] / sc[a];
+    nnls_raw(n, Xs, y, coef);
+    for (int a = 0; a < NF; a++) coef[a] /= sc[a];
+    free(Xs);
+}
+
+static void nnls_raw(int n, const double *X, const double *y, double *coef)
 {
     bool act[NF];
     for (int k = 0; k < NF; k++) act[k] = true;
@@ -76,70 +106,71 @@ static void nnls(int n, const double *X, const double *y, double *coef)
     }
 }
 
-int v41_sim_validate(int argc, char **argv)
+/* the steps of one serve-trace run: per step the measured seconds, the cost
+ * model's prediction and the fit features (1, op-class times) */
+typedef struct {
+    int n;
+    double *meas, *pred, *X;
+} step_set;
+
+static void step_set_free(step_set *S)
 {
-    const char *path = NULL, *model = NULL, *profile = NULL;
-    bool fit = false, json = false;
-    for (int i = 1; i < argc; i++) {
-        if (!strcmp(argv[i], "--validate") && i + 1 < argc) path = argv[++i];
-        else if (!strcmp(argv[i], "--model") && i + 1 < argc) model = argv[++i];
-        else if (!strcmp(argv[i], "--profile") && i + 1 < argc) profile = argv[++i];
-        else if (!strcmp(argv[i], "--fit")) fit = true;
-        else if (!strcmp(argv[i], "--json")) json = true;
-        else if (!strcmp(argv[i], "--help")) { usage(stdout); return 0; }
-        else { fprintf(stderr, "v41 sim --validate: unexpected argument '%s'\n", argv[i]); usage(stderr); return 2; }
-    }
-    if (!path) { usage(stderr); return 2; }
-    if (fit && profile) { fprintf(stderr, "v41 sim --validate: --fit and --profile exclude each other\n"); return 2; }
+    free(S->meas);
+    free(S->pred);
+    free(S->X);
+    memset(S, 0, sizeof *S);
+}
+
+static int read_json(const char *path, cJSON **out, v41_err *err)
+{
+    *out = NULL;
     FILE *f = fopen(path, "rb");
-    if (!f) { fprintf(stderr, "v41 sim --validate: %s: cannot open\n", path); return 2; }
+    if (!f) return v41_err_set(err, V41_EIO, "%s: cannot open", path);
     fseek(f, 0, SEEK_END);
     long len = ftell(f);
     fseek(f, 0, SEEK_SET);
-    char *txt = malloc((size_t)len + 1);
+    char *txt = len >= 0 ? malloc((size_t)len + 1) : NULL;
     size_t got = txt ? fread(txt, 1, (size_t)len, f) : 0;
     fclose(f);
-    if (!txt || got != (size_t)len) { free(txt); fprintf(stderr, "v41 sim --validate: %s: read error\n", path); return 2; }
+    if (!txt || got != (size_t)len) { free(txt); return v41_err_set(err, V41_EIO, "%s: read error", path); }
     txt[len] = 0;
     cJSON *j = cJSON_Parse(txt);
     free(txt);
     const cJSON *schema = cJSON_GetObjectItem(j, "schema"), *steps = cJSON_GetObjectItem(j, "steps");
     if (!j || !cJSON_IsString(schema) || strcmp(schema->valuestring, "v41-serve-trace/1") || !cJSON_IsArray(steps)) {
         cJSON_Delete(j);
-        fprintf(stderr, "v41 sim --validate: %s: not a v41-serve-trace/1 JSON file (from `v41 serve-trace --json`)\n", path);
-        return 2;
+        return v41_err_set(err, V41_EINVAL, "%s: not a v41-serve-trace/1 JSON file (from `v41 serve-trace --json`)", path);
     }
-    if (!model) {
-        const cJSON *mj = cJSON_GetObjectItem(j, "model");
-        model = cJSON_IsString(mj) ? mj->valuestring : "tiny";
-    }
-    v41_err err = {0};
-    v41_config cfg;
-    v41_hw hw;
-    v41_hw_h200(&hw);
-    hw.gpus = 1;
-    v41_profile *prof = NULL;
-    v41_cost_model *cm = NULL;
-    int rc = v41_sim_config_get(model, &cfg, &err);
-    if (!rc && profile) {
-        prof = calloc(1, sizeof *prof);
-        rc = v41_profile_load(profile, prof, &err);
-    }
-    if (!rc) rc = v41_cost_create(&cfg, &hw, prof, &cm, &err);
-    int n = cJSON_GetArraySize(steps);
-    double *meas = calloc((size_t)n + 1, sizeof *meas), *pred = calloc((size_t)n + 1, sizeof *pred);
-    double *X = calloc((size_t)(n + 1) * NF, sizeof *X), *rel = calloc((size_t)n + 1, sizeof *rel);
+    *out = j;
+    return 0;
+}
+
+/* cost every step of a serve-trace JSON (its batch: per request kind, positions,
+ * replay floor, trimming) with cm */
+static int load_steps(const char *path, const cJSON *j, v41_cost_model *cm, step_set *S, v41_err *err)
+{
+    const cJSON *steps = cJSON_GetObjectItem(j, "steps");
+    int n = cJSON_GetArraySize(steps), rc = 0, cap = 0;
+    S->n = 0;
+    S->meas = calloc((size_t)n + 1, sizeof *S->meas);
+    S->pred = calloc((size_t)n + 1, sizeof *S->pred);
+    S->X = calloc((size_t)(n + 1) * NF, sizeof *S->X);
+    if (!S->meas || !S->pred || !S->X) return v41_err_set(err, V41_ENOMEM, "out of memory");
     v41_sim_item *items = NULL;
-    int cap = 0, ns = 0;
     for (int s = 0; s < n && !rc; s++) {
         const cJSON *st = cJSON_GetArrayItem(steps, s), *its = cJSON_GetObjectItem(st, "items");
         const cJSON *sec = cJSON_GetObjectItem(st, "seconds");
-        if (!cJSON_IsArray(its) || !cJSON_IsNumber(sec)) {
-            rc = v41_err_set(&err, V41_EINVAL, "%s: step %d lacks items/seconds", path, s);
+        if (!cJSON_IsArray(its) || !cJSON_IsNumber(sec) || !(sec->valuedouble > 0)) {
+            rc = v41_err_set(err, V41_EINVAL, "%s: step %d lacks items or positive seconds", path, s);
             break;
         }
         int ni = cJSON_GetArraySize(its);
-        if (ni > cap) { cap = ni * 2; items = realloc(items, sizeof *items * (size_t)cap); }
+        if (ni > cap) {
+            v41_sim_item *ni2 = realloc(items, sizeof *items * (size_t)ni * 2);
+            if (!ni2) { rc = v41_err_set(err, V41_ENOMEM, "out of memory"); break; }
+            items = ni2;
+            cap = ni * 2;
+        }
         for (int k = 0; k < ni; k++) {
             const cJSON *it = cJSON_GetArrayItem(its, k);
             const cJSON *kind = cJSON_GetObjectItem(it, "kind");
@@ -154,31 +185,105 @@ int v41_sim_validate(int argc, char **argv)
             x->trim = cJSON_IsTrue(cJSON_GetObjectItem(it, "trim"));
             x->logits = true;
             if (!(x->end > x->start) || x->start < 0) {
-                rc = v41_err_set(&err, V41_EINVAL, "%s: step %d item %d: bad start/end", path, s, k);
+                rc = v41_err_set(err, V41_EINVAL, "%s: step %d item %d: bad start/end", path, s, k);
                 break;
             }
         }
         if (rc) break;
         v41_step_cost sc;
         v41_cost_step(cm, items, ni, 0, &sc);
-        meas[ns] = sec->valuedouble;
-        pred[ns] = sc.time_s;
-        X[ns * NF] = 1;
-        for (int c = 0; c < V41_OP_NCLASS; c++) X[ns * NF + 1 + c] = sc.time_c[c];
-        ns++;
+        int i = S->n++;
+        S->meas[i] = sec->valuedouble;
+        S->pred[i] = sc.time_s;
+        S->X[i * NF] = 1;
+        for (int c = 0; c < V41_OP_NCLASS; c++) S->X[i * NF + 1 + c] = sc.time_c[c];
+        double rows = 0;
+        for (int k = 0; k < ni; k++) rows += (double)(items[k].end - items[k].start);
+        S->X[i * NF + 1 + V41_OP_NCLASS] = rows;
+        S->X[i * NF + 2 + V41_OP_NCLASS] = ni;
     }
-    if (!rc && ns < (fit ? 4 : 1)) rc = v41_err_set(&err, V41_EINVAL, "%s: too few steps (%d) to validate", path, ns);
+    free(items);
+    return rc;
+}
+
+int v41_sim_validate(int argc, char **argv)
+{
+    const char *path = NULL, *model = NULL, *profile = NULL, *fit_from = NULL;
+    bool fit = false, json = false;
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--validate") && i + 1 < argc) path = argv[++i];
+        else if (!strcmp(argv[i], "--model") && i + 1 < argc) model = argv[++i];
+        else if (!strcmp(argv[i], "--profile") && i + 1 < argc) profile = argv[++i];
+        else if (!strcmp(argv[i], "--fit")) fit = true;
+        else if (!strcmp(argv[i], "--fit-from") && i + 1 < argc) fit_from = argv[++i];
+        else if (!strcmp(argv[i], "--json")) json = true;
+        else if (!strcmp(argv[i], "--help")) { usage(stdout); return 0; }
+        else { fprintf(stderr, "v41 sim --validate: unexpected argument '%s'\n", argv[i]); usage(stderr); return 2; }
+    }
+    if (!path) { usage(stderr); return 2; }
+    if (fit && fit_from) { fprintf(stderr, "v41 sim --validate: --fit and --fit-from exclude each other\n"); return 2; }
+    if (fit_from) fit = true;
+    v41_err err = {0};
+    v41_config cfg;
+    v41_hw hw;
+    v41_hw_h200(&hw);
+    hw.gpus = 1;
+    v41_profile *prof = NULL;
+    v41_cost_model *cm = NULL;
+    cJSON *j = NULL;
+    step_set V = {0}, C = {0};
+    double *rel = NULL, *pred = NULL;
+    int rc = read_json(path, &j, &err);
+    if (!rc && !model) {
+        const cJSON *mj = cJSON_GetObjectItem(j, "model");
+        model = cJSON_IsString(mj) ? mj->valuestring : "tiny";
+    }
+    if (!rc) rc = v41_sim_config_get(model, &cfg, &err);
+    if (!rc && profile) {
+        prof = calloc(1, sizeof *prof);
+        rc = prof ? v41_profile_load(profile, prof, &err) : v41_err_set(&err, V41_ENOMEM, "out of memory");
+    }
+    if (!rc) rc = v41_cost_create(&cfg, &hw, prof, &cm, &err);
+    if (!rc) rc = load_steps(path, j, cm, &V, &err);
+    if (!rc && fit_from) {
+        cJSON *jc = NULL;
+        rc = read_json(fit_from, &jc, &err);
+        if (!rc) rc = load_steps(fit_from, jc, cm, &C, &err);
+        cJSON_Delete(jc);
+    }
+    int ns = V.n;
+    if (!rc && ns < ((fit && !fit_from) ? 4 : 1)) rc = v41_err_set(&err, V41_EINVAL, "%s: too few steps (%d) to validate", path, ns);
+    if (!rc && fit_from && C.n < NF) rc = v41_err_set(&err, V41_EINVAL, "%s: too few steps (%d) to fit %d coefficients", fit_from, C.n, NF);
+    if (!rc && (!(rel = calloc((size_t)ns + 1, sizeof *rel)) || !(pred = calloc((size_t)ns + 1, sizeof *pred))))
+        rc = v41_err_set(&err, V41_ENOMEM, "out of memory");
     if (rc) {
         fprintf(stderr, "v41 sim --validate: %s\n", err.msg);
         goto out;
     }
+    const double *meas = V.meas, *X = V.X;
+    for (int s = 0; s < ns; s++) pred[s] = V.pred[s];
     double coef[NF] = {0};
     int nv = 0;
-    if (fit) {
-        int nt = (ns + 1) / 2;
-        double *Xt = calloc((size_t)nt * NF, sizeof *Xt), *yt = calloc((size_t)nt, sizeof *yt);
+    if (fit_from) {
+        nnls(C.n, C.X, C.meas, coef);
+        for (int s = 0; s < ns; s++) {
+            double p = 0;
+            for (int a = 0; a < NF; a++) p += coef[a] * X[s * NF + a];
+            pred[s] = p;
+        }
+        for (int s = 0; s < ns; s++) rel[nv++] = fabs(pred[s] - meas[s]) / meas[s];
+    } else if (fit) {
+        size_t nt = ((size_t)ns + 1) / 2;
+        double *Xt = calloc(nt * NF, sizeof *Xt), *yt = calloc(nt, sizeof *yt);
+        if (!Xt || !yt) {
+            free(Xt);
+            free(yt);
+            fprintf(stderr, "v41 sim --validate: out of memory\n");
+            rc = 2;
+            goto out;
+        }
         for (int s = 0, i = 0; s < ns; s += 2, i++) { memcpy(Xt + i * NF, X + s * NF, sizeof(double) * NF); yt[i] = meas[s]; }
-        nnls(nt, Xt, yt, coef);
+        nnls((int)nt, Xt, yt, coef);
         free(Xt);
         free(yt);
         for (int s = 0; s < ns; s++) {
@@ -194,7 +299,11 @@ int v41_sim_validate(int argc, char **argv)
     double med = rel[nv / 2], p90 = rel[(int)(0.9 * (nv - 1))];
     double sm = 0, sp = 0;
     for (int s = 0; s < ns; s++) { sm += meas[s]; sp += pred[s]; }
-    const char *how = fit ? "fit on even steps, evaluated on odd steps" : profile ? profile : "H200 roofline";
+    char how[1024];
+    const char *base = profile ? profile : "H200 roofline";
+    if (fit_from) snprintf(how, sizeof how, "%s op-class times, fitted on every step of %s (%d steps), evaluated on every step", base, fit_from, C.n);
+    else if (fit) snprintf(how, sizeof how, "%s op-class times, fitted on the even steps, evaluated on the odd steps", base);
+    else snprintf(how, sizeof how, "%s", base);
     if (json) {
         cJSON *o = cJSON_CreateObject();
         cJSON_AddStringToObject(o, "schema", "v41-sim-validate/1");
@@ -211,6 +320,8 @@ int v41_sim_validate(int argc, char **argv)
             cJSON *cj = cJSON_AddObjectToObject(o, "fit");
             cJSON_AddNumberToObject(cj, "c0_s", coef[0]);
             for (int c = 0; c < V41_OP_NCLASS; c++) cJSON_AddNumberToObject(cj, v41_op_class_name(c), coef[1 + c]);
+            cJSON_AddNumberToObject(cj, "per_row_s", coef[1 + V41_OP_NCLASS]);
+            cJSON_AddNumberToObject(cj, "per_request_s", coef[2 + V41_OP_NCLASS]);
         }
         cJSON *pa = cJSON_AddArrayToObject(o, "per_step");
         for (int s = 0; s < ns; s++) {
@@ -230,16 +341,15 @@ int v41_sim_validate(int argc, char **argv)
         if (fit) {
             printf("  fit: c0 %.3g s", coef[0]);
             for (int c = 0; c < V41_OP_NCLASS; c++) printf(", %s x%.3g", v41_op_class_name(c), coef[1 + c]);
-            printf("\n");
+            printf(", per row %.3g s, per request %.3g s\n", coef[1 + V41_OP_NCLASS], coef[2 + V41_OP_NCLASS]);
         }
         printf("  %-6s %-12s %-12s\n", "step", "measured s", "predicted s");
         for (int s = 0; s < ns && s < 12; s++) printf("  %-6d %-12.4g %-12.4g\n", s, meas[s], pred[s]);
     }
 out:
-    free(items);
-    free(meas);
+    step_set_free(&V);
+    step_set_free(&C);
     free(pred);
-    free(X);
     free(rel);
     free(prof);
     v41_cost_destroy(cm);

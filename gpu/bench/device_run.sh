@@ -2,6 +2,10 @@
 # device_run.sh: build the GPU parts, run the GPU tests (plus compute-sanitizer)
 # and the benchmark on a machine with a GPU, in one go. Run from the repo root:
 #   gpu/bench/device_run.sh [tests] [memcheck] [racecheck] [bench] [quickbench] [torch]
+#                           [check] [oracle] [parity] [serve]
+# The kernel library, its tests and the standalone benchmark are always built;
+# check/oracle/parity/serve also build the harness and every test program
+# (FULL=1 builds them up front).
 # Check and cJSON may come as .deb files in deps/ (unpacked into deps/root).
 # Logs and results go to $OUT (default /tmp/v41-device).
 set -u
@@ -32,6 +36,11 @@ if [ ! -x build-dev/gpu/bench/v41_gpu_bench ] || [ "${REBUILD:-1}" = 1 ]; then
   (cd build-dev && make -j"$J" gpu/libv41gpukern.la gpu/bench/v41_gpu_bench tests/test_gpu_kernels) >> "$OUT/build.log" 2>&1 \
     || { grep -E "error|Error" "$OUT/build.log" | head -40; tail -20 "$OUT/build.log"; exit 1; }
 fi
+case " $* " in *" check "*|*" oracle "*|*" parity "*|*" serve "*) FULL=1 ;; esac
+if [ "${FULL:-0}" = 1 ]; then
+  (cd build-dev && make -j"$J" && make -j"$J" check TESTS=) >> "$OUT/build.log" 2>&1 \
+    || { grep -E "error|Error" "$OUT/build.log" | head -40; tail -20 "$OUT/build.log"; exit 1; }
+fi
 echo "build: $(( $(date +%s) - t0 )) s"
 cd build-dev
 for what in "$@"; do
@@ -53,6 +62,39 @@ for what in "$@"; do
   ncu) ncu --clock-control none -k regex:${NCU_KERNEL:-g_sparse_attn_kernel} -c 1 --section SpeedOfLight --section WarpStateStats \
          --section Occupancy --section LaunchStats --section MemoryWorkloadAnalysis --section SchedulerStats \
          ./gpu/bench/v41_gpu_bench --quick --only ${NCU_ONLY:-attn} > "$OUT/ncu.log" 2>&1; echo "ncu rc=$?" ;;
+  check) # the whole suite on the GPU machine: the GPU suites run instead of skipping
+     make -j"$J" check > "$OUT/check.log" 2>&1; echo "check rc=$?"
+     grep -E "^(PASS|FAIL|SKIP|ERROR|XFAIL|XPASS):|^# " "$OUT/check.log" | head -60
+     for f in $(grep -lE "^:test-result: (FAIL|ERROR)" tests/*.trs 2>/dev/null); do echo "== ${f%.trs}.log"; tail -25 "${f%.trs}.log"; done > "$OUT/check-failures.log" ;;
+  oracle) O=$TOP/tests/fixtures/v41-tiny
+     { ./harness/v41 oracle-check "$O" "$O/golden_fixed.h5" --engine gpu; echo "rc=$?"
+       ./harness/v41 oracle-check "$O" "$O/golden.h5" --compat official --engine gpu; echo "rc=$?"
+       ./harness/v41 oracle-check "$O" "$O/golden_fixed.h5" --engine ref; echo "rc=$?"; } > "$OUT/oracle-gpu.log" 2>&1
+     grep -E "^oracle-check|failed|rc=|PASS|FAIL" "$OUT/oracle-gpu.log" | grep -v "^  " | head -20 ;;
+  parity) { V41_GPU_VERBOSE=1 ./harness/v41 parity --a ref --b gpu; echo "rc=$?"
+            ./harness/v41 parity "$TOP/tests/fixtures/v41-tiny" --a ref --b gpu --no-replay; echo "rc=$?"; } > "$OUT/parity.log" 2>&1
+     grep -E "verdict|rc=|first divergent|flip" "$OUT/parity.log" | head -30 ;;
+  serve) # issue 7: serve-trace through the GPU engine on calibration and validation batch mixes,
+     # then the simulator's predicted vs measured step latency with the profile of this session
+     # (profile.json from a bench/quickbench step earlier in the same command line).
+     P=""; [ -f "$OUT/profile.json" ] && P="--profile $OUT/profile.json"
+     V="--engine gpu --block 8 --max-len 64"
+     ./harness/v41 serve-trace $V --synth "n=24,rate=200,in=uniform:8:48,out=uniform:2:12,groups=4,prefix=16,block=8,seed=1" --json "$OUT/serve-cal.json" > "$OUT/serve.log" 2>&1
+     ./harness/v41 serve-trace $V --synth "n=24,rate=400,in=uniform:8:48,out=uniform:2:12,groups=2,prefix=24,block=8,seed=2" --dspark --json "$OUT/serve-cal2.json" >> "$OUT/serve.log" 2>&1
+     ./harness/v41 serve-trace $V --trace "$TOP/traces/mooncake_conversation_head200.jsonl" --limit 24 --json "$OUT/serve-val.json" >> "$OUT/serve.log" 2>&1
+     ./harness/v41 serve-trace $V --synth "n=16,rate=1000,in=uniform:16:52,out=fixed:8,groups=1,prefix=32,block=8,seed=7" --dspark --json "$OUT/serve-val2.json" >> "$OUT/serve.log" 2>&1
+     echo "serve-trace rc=$?"; grep -E "^serve-trace:" "$OUT/serve.log"
+     # one calibration file from both calibration runs (the fit reads one file)
+     python3 - "$OUT/serve-cal.json" "$OUT/serve-cal2.json" "$OUT/serve-calall.json" <<'PY'
+import json, sys
+a = json.load(open(sys.argv[1])); b = json.load(open(sys.argv[2])); a["steps"] += b["steps"]
+json.dump(a, open(sys.argv[3], "w"))
+PY
+     for v in serve-val serve-val2; do
+       ./harness/v41 sim --validate "$OUT/$v.json" $P | head -3
+       ./harness/v41 sim --validate "$OUT/$v.json" $P --fit-from "$OUT/serve-calall.json" --json > "$OUT/validate-$v.json"
+       ./harness/v41 sim --validate "$OUT/$v.json" $P --fit-from "$OUT/serve-calall.json" | head -3
+     done 2>&1 | tee "$OUT/validate.log" ;;
   torch) (cd "$TOP" && PYTHONUNBUFFERED=1 python3 gpu/bench/torch_layer.py --json "$OUT/torch.json") > "$OUT/torch.log" 2>&1; echo "torch rc=$?"; tail -15 "$OUT/torch.log" ;;
   esac
   echo "$what: $(( $(date +%s) - t0 )) s"
