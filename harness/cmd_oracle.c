@@ -11,7 +11,8 @@
  *    the tied candidates; the engine then adopts the golden choice (teacher forcing of
  *    that decision only) so that later tensors stay comparable.
  *  - continuous tensors: max |a - b| <= tol with tol = K * 2^-8 * max|golden| (K bf16
- *    half-ulps at the tensor's own scale, see tol_k()). Non-finite values must sit at
+ *    half-ulps at the tensor's own scale, see tol_k()), or the quantizer-flip allowance
+ *    (see compare(); off with --strict). Non-finite values must sit at
  *    the same places with the same values (masks: -inf, pinned blocks: +inf).
  *  - by default every layer (and DSpark stage) starts from the golden stream and pre-mix
  *    entering it (teacher forcing, like `v41 bisect`): DeepSeek's code sums fp32 GEMMs in
@@ -184,7 +185,8 @@ typedef struct result {
     double max_abs, rms, cosine, tol, gmax;
     int64_t n, n_bad, first_bad;
     bool pass;
-    char note[160];
+    bool flip_allowance;  /* passed under the quantizer-flip allowance (see compare()) */
+    char note[256];
 } result;
 
 typedef struct ctx {
@@ -197,7 +199,9 @@ typedef struct ctx {
     int B, S0, ndec, step;
     int start_pos, seqlen;
     bool verbose;
+    bool strict;          /* --strict: no quantizer-flip allowance */
     int adopted;
+    int n_allowance;      /* comparisons passed under the allowance */
     long long offset_attr;
 } ctx;
 
@@ -293,6 +297,32 @@ static void compare(ctx *C, const char *gpath, const char *tapname, const stap *
     r->rms = n ? sqrt(se / (double)n) : 0;
     r->cosine = (na > 0 && nb > 0) ? dot / sqrt(na * nb) : (na == nb ? 1 : 0);
     r->pass = r->n_bad == 0;
+    /* Quantizer-flip allowance (continuous taps only, not with --strict): a one-ulp bf16
+     * difference that the rule above admits at the INPUT of an act_quant (fp8 e4m3, 3
+     * mantissa bits) or fp4 quantizer can move that element's code by a whole step (up
+     * to 2^-3 of its magnitude), and the Linear after it spreads that step over its
+     * outputs, so a few elements of the taps downstream in the same sublayer exceed the
+     * one-ulp bound although the computation is the same. Such a tensor passes, with a
+     * note, when (a) its error RMS is at most the RMS of bf16 rounding noise of the golden
+     * tensor itself (2^-8/sqrt(3) * rms(golden): the engine is as close to the golden
+     * values as bf16 storage of them is to the exact ones) and (b) no element is off by
+     * more than one e4m3 step at the tensor's largest magnitude (2^-3 * max|golden|). A
+     * real defect (a wrong row, a wrong rounding point, a missing term) breaks (a) or (b). */
+    if (!r->pass && !discrete && !C->strict && r->n_bad > 0 && isfinite(mx)) {
+        int64_t nf = 0;
+        for (int64_t i = 0; i < n; i++) nf += isfinite(g[i]) != 0;
+        double rms_err = nf ? sqrt(se / (double)nf) : 0, rms_g = nf ? sqrt(nb / (double)nf) : 0;
+        if (rms_err <= ldexp(1.0, -8) / sqrt(3.0) * rms_g && mx <= ldexp(1.0, -3) * gmax) {
+            r->pass = true;
+            r->flip_allowance = true;
+            C->n_allowance++;
+            char prev[96];
+            snprintf(prev, sizeof prev, "%.90s", r->note);
+            snprintf(r->note, sizeof r->note,
+                     "%s%squantizer-flip allowance: %lld element(s) over tol, error rms %.3g <= bf16 noise rms %.3g",
+                     prev, prev[0] ? "; " : "", (long long)r->n_bad, rms_err, ldexp(1.0, -8) / sqrt(3.0) * rms_g);
+        }
+    }
 }
 
 /* golden float data of /stepKK/[spec/][layerLL/]leaf, NULL if absent */
@@ -573,7 +603,7 @@ static int force_fetch(void *vctx, const char *name, int step, v41_tap_kind kind
 static void usage(FILE *f)
 {
     fprintf(f, "usage: v41 oracle-check MODEL_DIR GOLDEN.h5 [--compat official|fixed] [--json] [--engine ref|gpu]\n"
-               "                        [--free] [--dump OUT.h5] [--threads N] [--steps N] [--verbose]\n\n"
+               "                        [--free] [--strict] [--dump OUT.h5] [--threads N] [--steps N] [--verbose]\n\n"
                "Replays the golden file's inputs (prefill of /prompt_ids, each decode step fed\n"
                "/stepKK/input_ids, DSpark after every step) through the engine in emulate mode and\n"
                "compares every captured tensor step by step and layer by layer, caches included.\n"
@@ -581,20 +611,24 @@ static void usage(FILE *f)
                "index_k_semantics=\"fixed\", else official). Prints per-tensor max |diff|, rms, cosine,\n"
                "tolerance and pass; failing tensors first. Each layer starts from the golden stream and\n"
                "pre-mix entering it (teacher forcing); --free runs without (informational). --engine gpu\n"
-               "runs the CUDA engine (emulate mode) under the same pass rule. --dump writes\n"
+               "runs the CUDA engine (emulate mode) under the same pass rule. A continuous tensor over\n"
+               "the one-ulp bound passes under the quantizer-flip allowance (its error RMS within bf16\n"
+               "rounding noise, no element off by more than 2^-3 of its max); --strict turns that off.\n"
+               "--dump writes\n"
                "every tap of the replay as a v41 dump. Exit 0: all pass, 1: differences, 2: error.\n");
 }
 
 int v41_cmd_oracle_check(int argc, char **argv)
 {
     const char *model_dir = NULL, *golden = NULL, *compat_s = NULL, *dump_path = NULL, *engine = "ref";
-    bool json = false, verbose = false, free_run = false;
+    bool json = false, verbose = false, free_run = false, strict = false;
     int threads = 0, max_steps = -1;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) { usage(stdout); return 0; }
         else if (!strcmp(argv[i], "--json")) json = true;
         else if (!strcmp(argv[i], "--free")) free_run = true;
         else if (!strcmp(argv[i], "--verbose") || !strcmp(argv[i], "-v")) verbose = true;
+        else if (!strcmp(argv[i], "--strict")) strict = true;
         else if (!strcmp(argv[i], "--compat") && i + 1 < argc) compat_s = argv[++i];
         else if (!strcmp(argv[i], "--threads") && i + 1 < argc) threads = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--steps") && i + 1 < argc) max_steps = atoi(argv[++i]);
@@ -629,6 +663,7 @@ int v41_cmd_oracle_check(int argc, char **argv)
     C.f = f;
     C.cfg = &m->cfg;
     C.verbose = verbose;
+    C.strict = strict;
     int rc = 2;
     int64_t *prompt = NULL;
     int64_t dims[8];
@@ -740,6 +775,8 @@ int v41_cmd_oracle_check(int argc, char **argv)
         cJSON_AddNumberToObject(root, "compared", C.nres);
         cJSON_AddNumberToObject(root, "failed", nfail);
         cJSON_AddNumberToObject(root, "tie_choices_adopted", C.adopted);
+        cJSON_AddNumberToObject(root, "flip_allowance_passes", C.n_allowance);
+        cJSON_AddBoolToObject(root, "strict", C.strict);
         cJSON_AddBoolToObject(root, "pass", nfail == 0);
         cJSON *arr = cJSON_AddArrayToObject(root, "tensors");
         for (int i = 0; i < C.nres; i++) {
@@ -755,6 +792,7 @@ int v41_cmd_oracle_check(int argc, char **argv)
             cJSON_AddNumberToObject(o2, "tol", r->tol);
             cJSON_AddNumberToObject(o2, "n_bad", (double)r->n_bad);
             cJSON_AddBoolToObject(o2, "pass", r->pass);
+            if (r->flip_allowance) cJSON_AddBoolToObject(o2, "flip_allowance", true);
             if (r->note[0]) cJSON_AddStringToObject(o2, "note", r->note);
             cJSON_AddItemToArray(arr, o2);
         }
@@ -769,8 +807,8 @@ int v41_cmd_oracle_check(int argc, char **argv)
         for (int pass = 0; pass < 2; pass++)
             for (int i = 0; i < C.nres; i++) {
                 result *r = &C.res[i];
-                if ((pass == 0) == r->pass) continue;
-                if (pass == 1 && !verbose) continue;
+                if ((pass == 0) == r->pass && !(pass == 0 && r->flip_allowance)) continue;
+                if (pass == 1 && (!verbose || r->flip_allowance)) continue;
                 printf("%-44s %-10.3g %-10.3g %-10.6f %-10.3g %s%s%s\n", r->tensor, r->max_abs, r->rms, r->cosine, r->tol,
                        r->pass ? "ok" : "FAIL", r->note[0] ? "  " : "", r->note);
             }
@@ -806,8 +844,9 @@ int v41_cmd_oracle_check(int argc, char **argv)
             snprintf(nm, sizeof nm, "%s%s", si ? "spec/" : "", leaf);
             printf("%-28s %6d %-10.3g %-10.6f %-10.3g %s\n", nm, cnt, mx, mc, mt, ok ? "ok" : "FAIL");
         }
-        printf("\n%s: %d of %d comparisons failed (%d discrete); %d tie choices adopted from the golden file\n",
-               nfail ? "FAIL" : "PASS", nfail, C.nres, ndisc_fail, C.adopted);
+        printf("\n%s: %d of %d comparisons failed (%d discrete); %d tie choices adopted from the golden file; "
+               "%d passed under the quantizer-flip allowance%s\n",
+               nfail ? "FAIL" : "PASS", nfail, C.nres, ndisc_fail, C.adopted, C.n_allowance, C.strict ? " (--strict: off)" : "");
     }
     rc = nfail ? 1 : 0;
     if (C.S.dump) {
