@@ -14,6 +14,11 @@
 #define G_LAUNCHED() G_CHECK(cudaGetLastError())
 #define G_STREAM(s) ((cudaStream_t)(s))
 
+// Concurrent GEMMs (k_gemm.cu): y[M,N] = x[M,K].w[N,K]^T, bf16 out, on stream s with
+// side handle `side` (0..G_SIDE_STREAMS-1; -1 = the thread's main handle).
+#define G_SIDE_STREAMS 4
+int g_gemm_bf16_side(int side, const uint16_t *x, const uint16_t *w, void *y, int M, int N, int K, cudaStream_t s);
+
 __device__ __forceinline__ float g_bf2f(uint16_t b) { return __uint_as_float(((uint32_t)b) << 16); }
 // fp32 -> bf16 round to nearest even; NaN stays NaN (SPEC §2).
 __device__ __forceinline__ uint16_t g_f2bf(float f) {

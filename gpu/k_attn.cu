@@ -1,17 +1,25 @@
 // k_attn.cu: sparse attention with sink over an index list (SPEC §4.4), also
 // used for DSpark's non-causal window attention (SPEC §8).
 //
-// One block (16 warps) per (query row, tile of 64 heads, split of the list). K = V
-// is one shared head (MQA), so the heads are the M dimension of two tensor-core
-// GEMMs per chunk of 64 list entries: S = Q.K^T [64 x 64] and O += P.V
-// [64 x d] (mma.sync m16n8k16 bf16, fp32 accumulate; O stays in registers; the
-// next chunk's keys are gathered by cp.async while this one is computed). The online softmax follows the
-// official rounding points: chunks of 64 entries from index 0 of the list,
-// running max from -1e30, fp32 denominator, probabilities rounded to bf16 in
-// the numerator, sink added once with the final max. -1 entries are skipped in
-// both sums (they never touch the normalisation), so padding has zero weight.
-// When the list is split across blocks (small batches), per-split partials are
-// merged by a second kernel (exactly the same result when all maxima agree).
+// One block (16 warps) per (query row, tile of 32 or 64 heads, split of the list). K = V is one
+// shared head (MQA), so the heads are the M dimension of two tensor-core GEMMs per chunk of 64 list
+// entries: S = Q.K^T [MT x 64] and O += P.V [MT x d] (mma.sync m16n8k16 bf16, fp32 accumulate; all
+// operands loaded with ldmatrix, V through ldmatrix.trans; O stays in registers). Shared memory holds
+// the Q tile, two key chunks (the next chunk is gathered by cp.async while this one is computed) and
+// P, all unpadded rows with the 16-byte chunks XOR-swizzled by (row % 8) (conflict-free ldmatrix).
+// Per chunk, three barriers: (A) the chunk has landed and every warp is done with the previous one
+// (the next gather then goes into that buffer); (B) after the S phase, where warp (m-tile, key group)
+// computes a 16 x 16 (or 16 x 8) tile of S in registers, masks it, and publishes per-row partial
+// maxima; (C) after the same warp turns its tile into bf16 probabilities with the chunk max (written
+// to P) and publishes per-row partial sums. In the P.V phase warp (32-head m-group, d slice) rescales
+// its O rows and updates the row denominators (every thread recomputes the running max of its rows
+// from the published partial maxima, identically), then accumulates P.V.
+// The online softmax follows the official rounding points: chunks of 64 entries from index 0 of the
+// list, running max from -1e30, fp32 denominator (of the unrounded probabilities), probabilities
+// rounded to bf16 in the numerator, sink added once with the final max. -1 entries are skipped in
+// both sums (they never touch the normalisation; their key rows are zero-filled), so padding has
+// zero weight. When the list is split across blocks (small batches), per-split partials are merged
+// by a second kernel (exactly the same result when all maxima agree).
 #include "g_internal.cuh"
 
 #define AT_MT 64      /* max heads per block (all of V4.1's: the key chunk is gathered once per row);
@@ -22,20 +30,21 @@
 #define AT_NEG (-1e30f)
 
 struct at_smem {
-    int dq, dp, ds;       /* leading dims (padded: conflict-free fragment loads) */
-    size_t offQ, offK, offS, offP, offO, offV, total;
+    size_t offQ, offK, offP, offM, offL, offR, offV, total;
 };
-// Q tile | K chunk x 2 (double buffer) | S | P | m, l, corr | the split's index list
+// Q tile [MT][d] | K chunk [64][d] x 2 (double buffer) | P [MT][64] bf16 | partial row max, sum
+// [MT][key groups] (MT * key groups = 256 floats each) | running max [2][MT] (by chunk parity) and
+// denominator [MT] | the split's index list. Rows unpadded, 16-byte chunks swizzled.
 __host__ __device__ static inline at_smem at_layout(int d, int cps, int MT)
 {
     at_smem L;
-    L.dq = d + 8; L.dp = AT_CK + 8; L.ds = AT_CK + 4;
     L.offQ = 0;
-    L.offK = L.offQ + (size_t)MT * L.dq * 2;
-    L.offS = L.offK + 2 * (size_t)AT_CK * L.dq * 2;
-    L.offP = L.offS + (size_t)MT * L.ds * 4;
-    L.offO = L.offP + (size_t)MT * L.dp * 2;
-    L.offV = L.offO + (size_t)3 * MT * 4;
+    L.offK = L.offQ + (size_t)MT * d * 2;
+    L.offP = L.offK + 2 * (size_t)AT_CK * d * 2;
+    L.offM = L.offP + (size_t)MT * AT_CK * 2;
+    L.offL = L.offM + 256 * 4;
+    L.offR = L.offL + 256 * 4;
+    L.offV = L.offR + (size_t)3 * MT * 4;
     L.total = L.offV + (size_t)cps * AT_CK * 4;
     return L;
 }
@@ -43,66 +52,100 @@ __host__ __device__ static inline at_smem at_layout(int d, int cps, int MT)
 
 // 16-byte global -> shared copy that bypasses registers (cp.async, L2 only);
 // src_bytes = 0 zero-fills the destination (padding rows).
-__device__ __forceinline__ void g_cp_async16(void *dst, const void *src, int src_bytes)
+__device__ __forceinline__ void g_cp_async16(uint32_t dst, const void *src, int src_bytes)
 {
-    uint32_t d = (uint32_t)__cvta_generic_to_shared(dst);
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(d), "l"(src), "r"(src_bytes) : "memory");
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(src_bytes) : "memory");
 }
 __device__ __forceinline__ void g_cp_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
 template <int N> __device__ __forceinline__ void g_cp_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory"); }
 
+// pure register op: not volatile, so the compiler may schedule it freely
 __device__ __forceinline__ void g_mma_bf16(float *c, uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
                                            uint32_t b0, uint32_t b1)
 {
-    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-                 "{%0,%1,%2,%3};\n"
-                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-                 : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%0,%1,%2,%3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
 }
-__device__ __forceinline__ uint32_t g_ld32(const __nv_bfloat16 *p) { return *(const uint32_t *)p; }
+// ldmatrix (shared memory reads: volatile, so they stay between the barriers that guard them)
+__device__ __forceinline__ void g_ldsm_x4(uint32_t a, uint32_t &r0, uint32_t &r1, uint32_t &r2, uint32_t &r3)
+{
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3) : "r"(a));
+}
+__device__ __forceinline__ void g_ldsm_x2(uint32_t a, uint32_t &r0, uint32_t &r1)
+{
+    asm volatile("ldmatrix.sync.aligned.m8n8.x2.shared.b16 {%0,%1}, [%2];\n" : "=r"(r0), "=r"(r1) : "r"(a));
+}
+__device__ __forceinline__ void g_ldsm_x4t(uint32_t a, uint32_t &r0, uint32_t &r1, uint32_t &r2, uint32_t &r3)
+{
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3) : "r"(a));
+}
+__device__ __forceinline__ void g_ldsm_x2t(uint32_t a, uint32_t &r0, uint32_t &r1)
+{
+    asm volatile("ldmatrix.sync.aligned.m8n8.x2.trans.shared.b16 {%0,%1}, [%2];\n" : "=r"(r0), "=r"(r1) : "r"(a));
+}
+// max of the published partial maxima of row r (same order everywhere: every thread that tracks
+// row r gets the identical running max)
+template <int KGS> __device__ __forceinline__ float at_row_max(const float *Pm, int r)
+{
+    float m = Pm[r * KGS];
+#pragma unroll
+    for (int k = 1; k < KGS; k++) m = fmaxf(m, Pm[r * KGS + k]);
+    return m;
+}
+template <int KGS> __device__ __forceinline__ float at_row_sum(const float *Pl, int r)
+{
+    float s = Pl[r * KGS];
+#pragma unroll
+    for (int k = 1; k < KGS; k++) s += Pl[r * KGS + k];
+    return s;
+}
+
 // Fragment layouts of mma.m16n8k16 (g = lane/4, c = lane%4): A regs hold (row g | g+8, cols 2c,2c+1 | +8);
-// B regs hold (k = 2c,2c+1 | +8, n = g); C holds (row g | g+8, cols 2c, 2c+1). Warp w computes the
-// scores of keys 8(w%8).. for 32 of the 64 heads (S), then owns d/16 output columns of O for all 64
-// heads (kept in registers, so the online-softmax rescale is a register multiply).
-template <int NT, int DD, int MT>   /* head dim DD; 8-column n-tiles of O per warp NT = max(1, DD/128); MT heads */
+// B regs hold (k = 2c,2c+1 | +8, n = g); C holds (row g | g+8, cols 2c, 2c+1). ldmatrix.x4: lanes 8i..8i+7
+// give the 8 row addresses of matrix i, register i receives (row g, cols 2c, 2c+1) of matrix i (.trans:
+// (rows 2c, 2c+1, col g)). Shared rows of R 16-byte chunks store logical chunk j at chunk j ^ (row % 8).
+template <int DD, int MT>   /* head dim DD; MT = 32 or 64 heads per block */
 __global__ void __launch_bounds__(AT_THREADS, 1)
 g_sparse_attn_kernel(const uint16_t *__restrict__ q, const uint16_t *__restrict__ kv_a,
                      const uint16_t *__restrict__ kv_b, const int32_t *__restrict__ idx, int L, int n_a,
                      const float *__restrict__ sink, float scale, int H, int chunks_per_split,
                      uint16_t *__restrict__ o, float *__restrict__ part /* NS>1: [T,tiles,NS,MT,(d+2)] */)
 {
-    constexpr int d = DD;
+    constexpr int d = DD, NV = d / 8;        /* 16-byte chunks per row */
+    constexpr int RB = d * 2;                /* row bytes of Q and K */
+    constexpr int MTL = MT / 16;             /* 16-head m-tiles */
+    constexpr int KGS = AT_NW / MTL;         /* S phase: warp w -> m-tile w % MTL, key group w / MTL */
+    constexpr int NTS = AT_CK / 8 / KGS;     /* S phase: 8-key n-tiles per warp (2 or 1) */
+    constexpr int MG = MTL / 2;              /* P.V phase: warp w -> 32-head m-group w % MG, d slice w / MG */
+    constexpr int DS = AT_NW / MG;           /* d slices */
+    constexpr int NT = DD / (8 * DS) > 0 ? DD / (8 * DS) : 1;   /* 8-column n-tiles of O per warp */
+    static_assert(MT == 32 || MT == 64, "32 or 64 heads per block");
+    static_assert(DD % 64 == 0 && DD <= 512, "d in 64..512, multiple of 64");
+    static_assert(KGS * MT == 256 && NTS >= 1 && (NT == 1 || NT % 2 == 0), "layout");
     extern __shared__ __align__(128) unsigned char smem[];
-    constexpr int MTL = MT / 16, MPW = MTL / 2;   // 16-head m-tiles; per warp in the S phase
     const at_smem Ly = at_layout(d, chunks_per_split, MT);
-    __nv_bfloat16 *Qs = (__nv_bfloat16 *)(smem + Ly.offQ);
-    __nv_bfloat16 *Kbuf = (__nv_bfloat16 *)(smem + Ly.offK);
-    float *Ss = (float *)(smem + Ly.offS);
-    __nv_bfloat16 *Ps = (__nv_bfloat16 *)(smem + Ly.offP);
-    float *Ms = (float *)(smem + Ly.offO), *Ls = Ms + MT, *Cs = Ls + MT;
+    const uint32_t sbase = (uint32_t)__cvta_generic_to_shared(smem);
+    const uint32_t sQ = sbase + (uint32_t)Ly.offQ, sK = sbase + (uint32_t)Ly.offK, sP = sbase + (uint32_t)Ly.offP;
+    float *Pm = (float *)(smem + Ly.offM), *Pl = (float *)(smem + Ly.offL);
+    float *Ms = (float *)(smem + Ly.offR), *Ls = Ms + 2 * MT;   /* Ms[parity][MT] */
     int *Vall = (int *)(smem + Ly.offV);
-    const int dq = Ly.dq, dp = Ly.dp, ds = Ly.ds;
 
     const int t = blockIdx.x, tile = blockIdx.y, split = blockIdx.z, NS = gridDim.z;
     const int h0 = tile * MT;
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, c4 = lane & 3;
-    constexpr int nv = d / 8;   /* 16-byte vectors per row */
+    const int x7 = lane & 7;   /* row % 8 of every row this lane addresses in ldmatrix */
 
-    for (int i = tid; i < MT * nv; i += AT_THREADS) {
-        int r = i / nv, c = i % nv;
-        uint4 v = make_uint4(0, 0, 0, 0);
-        if (h0 + r < H) v = *(const uint4 *)(q + ((size_t)t * H + h0 + r) * d + c * 8);
-        *(uint4 *)(Qs + r * dq + c * 8) = v;
+    // Q tile by cp.async (rows past H zero-filled); waited for with the first chunk
+    for (int i = tid; i < MT * NV; i += AT_THREADS) {
+        int r = i / NV, cc = i % NV;
+        bool ok = h0 + r < H;
+        const uint16_t *src = ok ? q + ((size_t)t * H + h0 + r) * d + cc * 8 : q;
+        g_cp_async16(sQ + r * RB + ((cc ^ (r & 7)) << 4), src, ok ? 16 : 0);
     }
-    if (tid < MT) { Ms[tid] = AT_NEG; Ls[tid] = 0.0f; }
-    float acc[MTL][NT][4];
-#pragma unroll
-    for (int mt = 0; mt < MTL; mt++)
-#pragma unroll
-        for (int nt = 0; nt < NT; nt++)
-#pragma unroll
-            for (int e = 0; e < 4; e++) acc[mt][nt][e] = 0.0f;
-
     const int nchunks = (L + AT_CK - 1) / AT_CK;
     const int c0 = split * chunks_per_split, c1 = min(nchunks, c0 + chunks_per_split);
     const int32_t *row_idx = idx + (size_t)t * L;
@@ -111,121 +154,174 @@ g_sparse_attn_kernel(const uint16_t *__restrict__ q, const uint16_t *__restrict_
         int gj = c0 * AT_CK + j;
         Vall[j] = gj < L ? row_idx[gj] : -1;
     }
+    if (tid < MT) { Ms[MT + tid] = AT_NEG; Ls[tid] = 0.0f; }   /* the max before the first chunk: parity 1 */
     __syncthreads();
     // issue the cp.async gather of chunk c into buffer b (invalid rows zero-filled)
     auto prefetch = [&](int c, int b) {
-        __nv_bfloat16 *Kd = Kbuf + (size_t)b * AT_CK * dq;
+        const uint32_t Kd = sK + (uint32_t)b * AT_CK * RB;
         const int *Vc = Vall + (c - c0) * AT_CK;
-#pragma unroll 4
-        for (int i = tid; i < AT_CK * nv; i += AT_THREADS) {
-            int j = i / nv, cc = i % nv, id = Vc[j];
+#pragma unroll 2
+        for (int k = 0; k < AT_CK * NV / AT_THREADS; k++) {
+            int i = tid + k * AT_THREADS, j = i / NV, cc = i % NV, id = Vc[j];
             const uint16_t *pool = (c * AT_CK + j) < n_a ? kv_a : kv_b;
             const uint16_t *src = id >= 0 ? pool + (size_t)id * d + cc * 8 : pool;
-            g_cp_async16(Kd + j * dq + cc * 8, src, id >= 0 ? 16 : 0);
+            g_cp_async16(Kd + j * RB + ((cc ^ (j & 7)) << 4), src, id >= 0 ? 16 : 0);
         }
         g_cp_commit();
     };
     if (c0 < c1) prefetch(c0, 0);
+    else g_cp_commit();
+
+    // S phase roles
+    const int mi = warp % MTL, kg = warp / MTL, kb = kg * 8 * NTS;   /* heads 16mi.., keys kb.. */
+    const int rA = mi * 16 + g, rB = rA + 8;                         /* this thread's S rows */
+    const uint32_t aRow = sQ + (mi * 16 + (lane & 15)) * RB;         /* A (Q) rows, chunk half lane>>4 */
+    const int bRow = kb + (lane & 7) + (NTS == 2 ? ((lane >> 4) << 3) : 0);   /* B (K) rows */
+    /* byte offset of logical chunk 2i + hi in a swizzled row: ((2i + hi) ^ x7) << 4 = off0 ^ (i << 5) */
+    const uint32_t aOff0 = ((lane >> 4) ^ x7) << 4, bOff0 = (((lane >> 3) & 1) ^ x7) << 4;
+    // P.V phase roles
+    const int mg = warp % MG, dsl = warp / MG, cb = dsl * 8 * NT;   /* heads 32mg.., columns cb.. */
+    const bool pv = cb < d;                                          /* warps past d have no columns */
+    float acc[2][NT][4];
+#pragma unroll
+    for (int mt = 0; mt < 2; mt++)
+#pragma unroll
+        for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) acc[mt][nt][e] = 0.0f;
 
     for (int c = c0; c < c1; c++) {
         const int b = (c - c0) & 1;
-        const __nv_bfloat16 *Ks = Kbuf + (size_t)b * AT_CK * dq;
+        const uint32_t sKb = sK + (uint32_t)b * AT_CK * RB;
         const int *Vs = Vall + (c - c0) * AT_CK;
-        // keep the next chunk's loads in flight while this one is computed
-        if (c + 1 < c1) { prefetch(c + 1, b ^ 1); g_cp_wait<1>(); }
-        else g_cp_wait<0>();
-        __syncthreads();
-        // S = Q . K^T: warp w -> keys 8w..8w+7, both 16-head m-tiles
+        const float *Mold = Ms + (b ^ 1) * MT;   /* running max before this chunk */
+        float *Mnew = Ms + b * MT;               /* and after it */
+        g_cp_wait<0>();
+        __syncthreads();   // (A) chunk c (and Q) landed; every warp is done with chunk c-1 (buffer b^1, P, Pm, Pl, Ms[b])
+        if (c + 1 < c1) prefetch(c + 1, b ^ 1);
+        // S = Q . K^T for rows rA, rB x keys kb + 8nt + 2c4 (+1)
+        float s[NTS][4];
+#pragma unroll
+        for (int nt = 0; nt < NTS; nt++) s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0.0f;
         {
-            float s[MPW][4];
+            const uint32_t bAddr = sKb + bRow * RB;
 #pragma unroll
-            for (int m = 0; m < MPW; m++) s[m][0] = s[m][1] = s[m][2] = s[m][3] = 0.0f;
-            const int kt = warp & 7, mb = (warp >> 3) * MPW;   // keys kt*8.., head m-tiles mb..mb+MPW-1
-            const __nv_bfloat16 *kr = Ks + (kt * 8 + g) * dq + 2 * c4;
-#pragma unroll 8
-            for (int k0 = 0; k0 < d; k0 += 16) {
-                uint32_t b0 = g_ld32(kr + k0), b1 = g_ld32(kr + k0 + 8);
+            for (int kk = 0; kk < d / 64; kk++)
 #pragma unroll
-                for (int m = 0; m < MPW; m++) {
-                    const __nv_bfloat16 *qa = Qs + ((mb + m) * 16 + g) * dq + k0 + 2 * c4;
-                    g_mma_bf16(s[m], g_ld32(qa), g_ld32(qa + 8 * dq), g_ld32(qa + 8), g_ld32(qa + 8 * dq + 8), b0, b1);
+                for (int i = 0; i < 4; i++) {
+                    uint32_t a0, a1, a2, a3, b0, b1, b2, b3;
+                    g_ldsm_x4(aRow + kk * 128 + (aOff0 ^ (i << 5)), a0, a1, a2, a3);
+                    if constexpr (NTS == 2) {
+                        g_ldsm_x4(bAddr + kk * 128 + (bOff0 ^ (i << 5)), b0, b1, b2, b3);
+                        g_mma_bf16(s[0], a0, a1, a2, a3, b0, b1);
+                        g_mma_bf16(s[NTS - 1], a0, a1, a2, a3, b2, b3);
+                    } else {
+                        g_ldsm_x2(bAddr + kk * 128 + (bOff0 ^ (i << 5)), b0, b1);
+                        g_mma_bf16(s[0], a0, a1, a2, a3, b0, b1);
+                    }
                 }
+        }
+        // scale, mask (-1 entries: -inf, never in the max), partial row maxima
+        bool vk[NTS][2];
+        float mx0 = -INFINITY, mx1 = -INFINITY;
+#pragma unroll
+        for (int nt = 0; nt < NTS; nt++) {
+            int key = kb + nt * 8 + 2 * c4;
+            vk[nt][0] = Vs[key] >= 0; vk[nt][1] = Vs[key + 1] >= 0;
+            s[nt][0] = vk[nt][0] ? s[nt][0] * scale : -INFINITY;
+            s[nt][1] = vk[nt][1] ? s[nt][1] * scale : -INFINITY;
+            s[nt][2] = vk[nt][0] ? s[nt][2] * scale : -INFINITY;
+            s[nt][3] = vk[nt][1] ? s[nt][3] * scale : -INFINITY;
+            mx0 = fmaxf(mx0, fmaxf(s[nt][0], s[nt][1]));
+            mx1 = fmaxf(mx1, fmaxf(s[nt][2], s[nt][3]));
+        }
+#pragma unroll
+        for (int o2 = 1; o2 <= 2; o2 <<= 1) {
+            mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, o2));
+            mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, o2));
+        }
+        if (c4 == 0) { Pm[rA * KGS + kg] = mx0; Pm[rB * KGS + kg] = mx1; }
+        __syncthreads();   // (B) partial maxima published
+        {
+            const float mA = fmaxf(Mold[rA], at_row_max<KGS>(Pm, rA));
+            const float mB = fmaxf(Mold[rB], at_row_max<KGS>(Pm, rB));
+            if (kg == 0 && c4 == 0) { Mnew[rA] = mA; Mnew[rB] = mB; }   /* one writer per row */
+            float ps0 = 0.0f, ps1 = 0.0f;
+#pragma unroll
+            for (int nt = 0; nt < NTS; nt++) {
+                float p0 = vk[nt][0] ? expf(s[nt][0] - mA) : 0.0f, p1 = vk[nt][1] ? expf(s[nt][1] - mA) : 0.0f;
+                float p2 = vk[nt][0] ? expf(s[nt][2] - mB) : 0.0f, p3 = vk[nt][1] ? expf(s[nt][3] - mB) : 0.0f;
+                ps0 += p0 + p1; ps1 += p2 + p3;
+                int key = kb + nt * 8 + 2 * c4;   /* rows rA, rB have row % 8 = g */
+                uint32_t off = (((key >> 3) ^ g) << 4) + (key & 7) * 2;
+                *(uint32_t *)(smem + Ly.offP + rA * (AT_CK * 2) + off) = (uint32_t)g_f2bf(p0) | ((uint32_t)g_f2bf(p1) << 16);
+                *(uint32_t *)(smem + Ly.offP + rB * (AT_CK * 2) + off) = (uint32_t)g_f2bf(p2) | ((uint32_t)g_f2bf(p3) << 16);
             }
 #pragma unroll
-            for (int m = 0; m < MPW; m++) {
-                float *sp = Ss + ((mb + m) * 16 + g) * ds + kt * 8 + 2 * c4;
-                sp[0] = s[m][0]; sp[1] = s[m][1];
-                sp[8 * ds] = s[m][2]; sp[8 * ds + 1] = s[m][3];
+            for (int o2 = 1; o2 <= 2; o2 <<= 1) {
+                ps0 += __shfl_xor_sync(0xffffffffu, ps0, o2);
+                ps1 += __shfl_xor_sync(0xffffffffu, ps1, o2);
+            }
+            if (c4 == 0) { Pl[rA * KGS + kg] = ps0; Pl[rB * KGS + kg] = ps1; }
+        }
+        __syncthreads();   // (C) P, partial sums and the new running max published
+        // O = O*corr + P.V for rows 32mg + 16mt + g (+8), columns cb + 8nt + 2c4 (+1)
+        if (pv) {
+#pragma unroll
+            for (int mt = 0; mt < 2; mt++)
+#pragma unroll
+                for (int hf = 0; hf < 2; hf++) {
+                    const int r = mg * 32 + mt * 16 + g + 8 * hf;
+                    const float corr = expf(Mold[r] - Mnew[r]);
+                    if (dsl == 0 && c4 == 0) Ls[r] = Ls[r] * corr + at_row_sum<KGS>(Pl, r);   /* one owner per row */
+#pragma unroll
+                    for (int nt = 0; nt < NT; nt++) { acc[mt][nt][2 * hf] *= corr; acc[mt][nt][2 * hf + 1] *= corr; }
+                }
+            const uint32_t pRow = sP + (mg * 32 + (lane & 15)) * (AT_CK * 2);
+            const uint32_t vRow = sKb + (lane & 15) * RB;
+#pragma unroll
+            for (int ks = 0; ks < AT_CK / 16; ks++) {
+                uint32_t a[2][4];
+#pragma unroll
+                for (int mt = 0; mt < 2; mt++)
+                    g_ldsm_x4(pRow + mt * 16 * (AT_CK * 2) + (((2 * ks + (lane >> 4)) ^ x7) << 4), a[mt][0], a[mt][1],
+                              a[mt][2], a[mt][3]);
+                if constexpr (NT == 1) {
+                    uint32_t b0, b1;
+                    g_ldsm_x2t(vRow + ks * 16 * RB + (((cb >> 3) ^ x7) << 4), b0, b1);
+#pragma unroll
+                    for (int mt = 0; mt < 2; mt++) g_mma_bf16(acc[mt][0], a[mt][0], a[mt][1], a[mt][2], a[mt][3], b0, b1);
+                } else {
+#pragma unroll
+                    for (int np = 0; np < NT / 2; np++) {
+                        uint32_t b0, b1, b2, b3;
+                        g_ldsm_x4t(vRow + ks * 16 * RB + ((((cb >> 3) + 2 * np + (lane >> 4)) ^ x7) << 4), b0, b1, b2, b3);
+#pragma unroll
+                        for (int mt = 0; mt < 2; mt++) {
+                            g_mma_bf16(acc[mt][2 * np], a[mt][0], a[mt][1], a[mt][2], a[mt][3], b0, b1);
+                            g_mma_bf16(acc[mt][(2 * np + 1) % NT], a[mt][0], a[mt][1], a[mt][2], a[mt][3], b2, b3);
+                        }
+                    }
+                }
             }
         }
-        __syncthreads();
-        // online softmax over the chunk: warp w owns rows 4w..4w+3, lane owns columns lane, lane+32
-        for (int rr = 0; rr < MT / AT_NW; rr++) {
-            int r = warp * (MT / AT_NW) + rr;
-            bool v0 = Vs[lane] >= 0, v1 = Vs[lane + 32] >= 0;
-            float s0 = v0 ? Ss[r * ds + lane] * scale : -INFINITY;
-            float s1 = v1 ? Ss[r * ds + lane + 32] * scale : -INFINITY;
-            float cmax = g_warp_max(fmaxf(s0, s1));
-            float mold = Ms[r];
-            float mnew = fmaxf(mold, cmax);
-            float p0 = v0 ? expf(s0 - mnew) : 0.0f, p1 = v1 ? expf(s1 - mnew) : 0.0f;
-            float psum = g_warp_sum(p0 + p1);
-            Ps[r * dp + lane] = __float2bfloat16_rn(p0);
-            Ps[r * dp + lane + 32] = __float2bfloat16_rn(p1);
-            __syncwarp();   // every lane has read Ms[r] / Ls[r]
-            if (lane == 0) {
-                float corr = expf(mold - mnew);
-                Cs[r] = corr;
-                Ls[r] = Ls[r] * corr + psum;
-                Ms[r] = mnew;
-            }
-        }
-        __syncthreads();
-        // O = O*corr + P.V for this warp's columns (8*NT of them; warps past d/8 columns have none)
-        if (warp * 8 * NT < d) {
-#pragma unroll
-            for (int mt = 0; mt < MTL; mt++) {
-                float clo = Cs[mt * 16 + g], chi = Cs[mt * 16 + g + 8];
-#pragma unroll
-                for (int nt = 0; nt < NT; nt++) {
-                    acc[mt][nt][0] *= clo; acc[mt][nt][1] *= clo;
-                    acc[mt][nt][2] *= chi; acc[mt][nt][3] *= chi;
-                }
-            }
-#pragma unroll
-            for (int k0 = 0; k0 < AT_CK; k0 += 16) {
-                const uint16_t *vk = (const uint16_t *)Ks + (k0 + 2 * c4) * dq + warp * 8 * NT + g;
-                uint32_t bb[NT][2];
-#pragma unroll
-                for (int nt = 0; nt < NT; nt++) {
-                    const uint16_t *vp = vk + nt * 8;
-                    bb[nt][0] = (uint32_t)vp[0] | ((uint32_t)vp[dq] << 16);
-                    bb[nt][1] = (uint32_t)vp[8 * dq] | ((uint32_t)vp[9 * dq] << 16);
-                }
-#pragma unroll
-                for (int mt = 0; mt < MTL; mt++) {
-                    const __nv_bfloat16 *pa = Ps + (mt * 16 + g) * dp + k0 + 2 * c4;
-                    uint32_t a0 = g_ld32(pa), a1 = g_ld32(pa + 8 * dp), a2 = g_ld32(pa + 8), a3 = g_ld32(pa + 8 * dp + 8);
-#pragma unroll
-                    for (int nt = 0; nt < NT; nt++) g_mma_bf16(acc[mt][nt], a0, a1, a2, a3, bb[nt][0], bb[nt][1]);
-                }
-            }
-        }
-        __syncthreads();   // all warps are done with buffer b before it is refilled
     }
-    // epilogue: this thread holds rows (mt*16 + g [+8]) x columns (warp*8*NT + nt*8 + 2*c4 [+1])
+    g_cp_wait<0>();
+    __syncthreads();   // the last denominators (Ls) are visible
+    const float *Mfin = Ms + ((c1 - c0 - 1) & 1) * MT;   /* final running max (parity 1 = initial if no chunk) */
+    // epilogue: this thread holds rows (32mg + 16mt + g [+8]) x columns (cb + 8nt + 2c4 [+1])
+    if (!pv) return;
 #pragma unroll
-    for (int mt = 0; mt < MTL; mt++)
+    for (int mt = 0; mt < 2; mt++)
 #pragma unroll
         for (int hf = 0; hf < 2; hf++) {
-            int r = mt * 16 + g + 8 * hf;
-            if (warp * 8 * NT >= d) break;
+            const int r = mg * 32 + mt * 16 + g + 8 * hf;
             if (NS == 1) {
                 if (h0 + r >= H) continue;
                 float l = Ls[r];
-                if (sink) l += expf(sink[h0 + r] - Ms[r]);
+                if (sink) l += expf(sink[h0 + r] - Mfin[r]);
                 float inv = l > 0.0f ? 1.0f / l : 0.0f;
-                uint16_t *orow = o + ((size_t)t * H + h0 + r) * d + warp * 8 * NT + 2 * c4;
+                uint16_t *orow = o + ((size_t)t * H + h0 + r) * d + cb + 2 * c4;
 #pragma unroll
                 for (int nt = 0; nt < NT; nt++)
                     *(uint32_t *)(orow + nt * 8) = (uint32_t)g_f2bf(acc[mt][nt][2 * hf] * inv) |
@@ -234,10 +330,10 @@ g_sparse_attn_kernel(const uint16_t *__restrict__ q, const uint16_t *__restrict_
                 float *pp = part + ((((size_t)t * gridDim.y + tile) * NS + split) * MT + r) * (d + 2);
 #pragma unroll
                 for (int nt = 0; nt < NT; nt++) {
-                    pp[warp * 8 * NT + nt * 8 + 2 * c4] = acc[mt][nt][2 * hf];
-                    pp[warp * 8 * NT + nt * 8 + 2 * c4 + 1] = acc[mt][nt][2 * hf + 1];
+                    pp[cb + nt * 8 + 2 * c4] = acc[mt][nt][2 * hf];
+                    pp[cb + nt * 8 + 2 * c4 + 1] = acc[mt][nt][2 * hf + 1];
                 }
-                if (warp == 0 && c4 == 0) { pp[d] = Ms[r]; pp[d + 1] = Ls[r]; }
+                if (dsl == 0 && c4 == 0) { pp[d] = Mfin[r]; pp[d + 1] = Ls[r]; }
             }
         }
 }
@@ -263,14 +359,14 @@ __global__ void g_attn_merge_kernel(const float *__restrict__ part, const float 
     }
 }
 
-template <int NT, int DD, int MT>
+template <int DD, int MT>
 static int attn_launch(dim3 grid, size_t sm, cudaStream_t st, const uint16_t *q, const uint16_t *kv_a,
                        const uint16_t *kv_b, const int32_t *idx, int L, int n_a, const float *sink, float scale, int H,
                        int cps, uint16_t *o, float *part)
 {
-    G_CHECK(cudaFuncSetAttribute(g_sparse_attn_kernel<NT, DD, MT>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sm));
-    G_CHECK(cudaFuncSetAttribute(g_sparse_attn_kernel<NT, DD, MT>, cudaFuncAttributePreferredSharedMemoryCarveout, 100));
-    g_sparse_attn_kernel<NT, DD, MT><<<grid, AT_THREADS, sm, st>>>(q, kv_a, kv_b, idx, L, n_a, sink, scale, H, cps, o, part);
+    G_CHECK(cudaFuncSetAttribute(g_sparse_attn_kernel<DD, MT>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sm));
+    G_CHECK(cudaFuncSetAttribute(g_sparse_attn_kernel<DD, MT>, cudaFuncAttributePreferredSharedMemoryCarveout, 100));
+    g_sparse_attn_kernel<DD, MT><<<grid, AT_THREADS, sm, st>>>(q, kv_a, kv_b, idx, L, n_a, sink, scale, H, cps, o, part);
     G_LAUNCHED();
     return 0;
 }
@@ -306,12 +402,12 @@ extern "C" int v41g_sparse_attn(const uint16_t *q, const uint16_t *kv_a, const u
     if (NS > 1) G_CHECK(g_tmp_alloc((void **)&part, sizeof(float) * (size_t)T * tiles * NS * MT * (d + 2), st));
     dim3 grid(T, tiles, NS);
     int rc;
-#define AT_L(NT_, D_, MT_) attn_launch<NT_, D_, MT_>(grid, Ly.total, st, q, kv_a, kv_b, idx, L, n_a, sink, scale, H, cps, o, part)
+#define AT_L(D_, MT_) attn_launch<D_, MT_>(grid, Ly.total, st, q, kv_a, kv_b, idx, L, n_a, sink, scale, H, cps, o, part)
     switch (d) {
-    case 64: rc = MT == 32 ? AT_L(1, 64, 32) : AT_L(1, 64, 64); break;
-    case 128: rc = MT == 32 ? AT_L(1, 128, 32) : AT_L(1, 128, 64); break;
-    case 256: rc = MT == 32 ? AT_L(2, 256, 32) : AT_L(2, 256, 64); break;
-    default: rc = MT == 32 ? AT_L(4, 512, 32) : AT_L(4, 512, 64); break;
+    case 64: rc = MT == 32 ? AT_L(64, 32) : AT_L(64, 64); break;
+    case 128: rc = MT == 32 ? AT_L(128, 32) : AT_L(128, 64); break;
+    case 256: rc = MT == 32 ? AT_L(256, 32) : AT_L(256, 64); break;
+    default: rc = MT == 32 ? AT_L(512, 32) : AT_L(512, 64); break;
     }
 #undef AT_L
     if (rc) return rc;

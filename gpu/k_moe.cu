@@ -5,7 +5,8 @@
 // assignments in (expert, token) order (one block per expert compacts its
 // assignments in token order: no atomics, so the layout is reproducible), the
 // rows are gathered, every expert with tokens runs two cuBLAS GEMMs (w1|w3
-// fused, then w2) over its contiguous rows, and a combine kernel sums the
+// fused, then w2) over its contiguous rows (spread over side streams so the
+// small GEMMs run concurrently), and a combine kernel sums the
 // expert outputs per token in expert-id order in fp32 (then the shared
 // expert) and rounds once. Expert weights are bf16 on the device (fp4/fp8
 // checkpoints are dequantized on upload); inputs of every expert Linear are
@@ -203,6 +204,41 @@ __global__ void g_moe_combine_kernel(const uint16_t *__restrict__ ye, const uint
     *(uint4 *)(out + (size_t)t * D + v * 8) = o;
 }
 
+// The per-expert GEMMs are small (M = a few to a few hundred rows): one at a time
+// they leave most SMs idle, so they are spread round-robin over G_SIDE_STREAMS side
+// streams (each with its own cuBLAS handle), forked from and joined back into the
+// caller's stream with events. Streams and events are per host thread, created once.
+struct moe_side {
+    cudaStream_t s[G_SIDE_STREAMS];
+    cudaEvent_t ev[G_SIDE_STREAMS + 1];
+    moe_side() {
+        static thread_local cudaStream_t ts[G_SIDE_STREAMS] = {};
+        static thread_local cudaEvent_t te[G_SIDE_STREAMS + 1] = {};
+        for (int i = 0; i < G_SIDE_STREAMS; i++) {
+            if (!ts[i]) cudaStreamCreateWithFlags(&ts[i], cudaStreamNonBlocking);
+            s[i] = ts[i];
+        }
+        for (int i = 0; i <= G_SIDE_STREAMS; i++) {
+            if (!te[i]) cudaEventCreateWithFlags(&te[i], cudaEventDisableTiming);
+            ev[i] = te[i];
+        }
+    }
+    int fork(cudaStream_t st) {
+        for (int i = 0; i < G_SIDE_STREAMS; i++) if (!s[i]) return (int)cudaErrorNotReady;
+        for (int i = 0; i <= G_SIDE_STREAMS; i++) if (!ev[i]) return (int)cudaErrorNotReady;
+        G_CHECK(cudaEventRecord(ev[G_SIDE_STREAMS], st));
+        for (int i = 0; i < G_SIDE_STREAMS; i++) G_CHECK(cudaStreamWaitEvent(s[i], ev[G_SIDE_STREAMS], 0));
+        return 0;
+    }
+    int join(cudaStream_t st) {
+        for (int i = 0; i < G_SIDE_STREAMS; i++) {
+            G_CHECK(cudaEventRecord(ev[i], s[i]));
+            G_CHECK(cudaStreamWaitEvent(st, ev[i], 0));
+        }
+        return 0;
+    }
+};
+
 extern "C" int v41g_moe_ffn(const v41g_moe *m, const uint16_t *x, const int32_t *idx, const float *wts, void *ws,
                             uint16_t *out, v41g_stream s)
 {
@@ -226,21 +262,28 @@ extern "C" int v41g_moe_ffn(const v41g_moe *m, const uint16_t *x, const int32_t 
     G_CHECK(cudaMemcpyAsync(off.data(), w.offsets, sizeof(int32_t) * (m->E + 1), cudaMemcpyDeviceToHost, st));
     G_CHECK(cudaStreamSynchronize(st));
     const size_t w13sz = (size_t)2 * I * D, w2sz = (size_t)D * I;
-    for (int e = 0; e < m->E; e++) {
+    moe_side sd;
+    if ((rc = sd.fork(st))) return rc;
+    for (int e = 0, j = 0; e < m->E; e++) {
         int n = off[e + 1] - off[e];
         if (!n) continue;
-        if ((rc = v41g_gemm_bf16(w.xs + (size_t)off[e] * D, m->w13 + e * w13sz, w.h13 + (size_t)off[e] * 2 * I,
-                                 n, 2 * I, D, 0, 1, 0, 0, 0, s))) return rc;
+        if ((rc = g_gemm_bf16_side(j, w.xs + (size_t)off[e] * D, m->w13 + e * w13sz, w.h13 + (size_t)off[e] * 2 * I,
+                                   n, 2 * I, D, sd.s[j]))) return rc;
+        j = (j + 1) % G_SIDE_STREAMS;
     }
+    if ((rc = sd.join(st))) return rc;
     g_swiglu_kernel<<<(unsigned)(((size_t)A * I + 255) / 256), 256, 0, st>>>(w.h13, wts, w.perm, A, I, m->limit, w.h);
     G_LAUNCHED();
     if ((rc = v41g_act_quant(w.h, NULL, NULL, w.h, A, I, s))) return rc;
-    for (int e = 0; e < m->E; e++) {
+    if ((rc = sd.fork(st))) return rc;
+    for (int e = 0, j = 0; e < m->E; e++) {
         int n = off[e + 1] - off[e];
         if (!n) continue;
-        if ((rc = v41g_gemm_bf16(w.h + (size_t)off[e] * I, m->w2 + e * w2sz, w.ye + (size_t)off[e] * D,
-                                 n, D, I, 0, 1, 0, 0, 0, s))) return rc;
+        if ((rc = g_gemm_bf16_side(j, w.h + (size_t)off[e] * I, m->w2 + e * w2sz, w.ye + (size_t)off[e] * D,
+                                   n, D, I, sd.s[j]))) return rc;
+        j = (j + 1) % G_SIDE_STREAMS;
     }
+    if ((rc = sd.join(st))) return rc;
     if (m->w13s) {
         if ((rc = v41g_gemm_bf16(w.xq, m->w13s, w.hs13, m->T, 2 * I, D, 0, 1, 0, 0, 0, s))) return rc;
         g_swiglu_kernel<<<(unsigned)(((size_t)m->T * I + 255) / 256), 256, 0, st>>>(w.hs13, NULL, NULL, m->T, I,

@@ -90,8 +90,8 @@ int v41g_sparse_attn(const uint16_t *q, const uint16_t *kv_a, const uint16_t *kv
 
 /* ---- lightning indexer (SPEC §6) ----
  * Scores of query row t against its request's keys k[kbase[t] + s, dI] for
- * s < S (scores padded with -inf beyond S): I[t,s] = bf16(sum_h bf16(w[t,h]) *
- * relu(bf16(q[t,h,:].k_s))), -inf where s >= visible[t]. q[T,nI,dI] bf16,
+ * s < S (scores padded with -inf beyond S): I[t,s] = bf16(sum_h bf16(bf16(w[t,h]) *
+ * relu(bf16(q[t,h,:].k_s)))) (heads summed in order in fp32), -inf where s >= visible[t]. q[T,nI,dI] bf16,
  * w[T,nI] fp32 (already scaled), I[T,S] fp32 (bf16 values). dI % 16 == 0. */
 int v41g_indexer_scores(const uint16_t *q, const float *w, const uint16_t *k, const int64_t *kbase,
                         const int32_t *visible, int T, int nI, int dI, int S, float *I,

@@ -241,7 +241,7 @@ void cr_indexer_scores(const uint16_t *q, const float *w, const uint16_t *k, con
             for (int h = 0; h < nI; h++) {
                 float a = 0;
                 for (int e = 0; e < dI; e++) a += cr_bf2f(q[((size_t)t * nI + h) * dI + e]) * cr_bf2f(kk[e]);
-                acc += cr_rbf(w[t * nI + h]) * fmaxf(cr_rbf(a), 0);
+                acc += cr_rbf(cr_rbf(w[t * nI + h]) * fmaxf(cr_rbf(a), 0)); /* product rounded to bf16 (SPEC §6) */
             }
             I[(size_t)t * S + s] = cr_rbf(acc);
         }
