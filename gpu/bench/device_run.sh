@@ -2,7 +2,7 @@
 # device_run.sh: build the GPU parts, run the GPU tests (plus compute-sanitizer)
 # and the benchmark on a machine with a GPU, in one go. Run from the repo root:
 #   gpu/bench/device_run.sh [tests] [memcheck] [racecheck] [bench] [quickbench] [torch]
-#                           [check] [oracle] [parity] [serve]
+#                           [check] [oracle] [parity] [serve] [oracledump]
 # The kernel library, its tests and the standalone benchmark are always built;
 # check/oracle/parity/serve also build the harness and every test program
 # (FULL=1 builds them up front).
@@ -36,7 +36,7 @@ if [ ! -x build-dev/gpu/bench/v41_gpu_bench ] || [ "${REBUILD:-1}" = 1 ]; then
   (cd build-dev && make -j"$J" gpu/libv41gpukern.la gpu/bench/v41_gpu_bench tests/test_gpu_kernels) >> "$OUT/build.log" 2>&1 \
     || { grep -E "error|Error" "$OUT/build.log" | head -40; tail -20 "$OUT/build.log"; exit 1; }
 fi
-case " $* " in *" check "*|*" oracle "*|*" parity "*|*" serve "*) FULL=1 ;; esac
+case " $* " in *" check "*|*" oracle"*|*" parity "*|*" serve "*) FULL=1 ;; esac
 if [ "${FULL:-0}" = 1 ]; then
   (cd build-dev && make -j"$J" && make -j"$J" check TESTS=) >> "$OUT/build.log" 2>&1 \
     || { grep -E "error|Error" "$OUT/build.log" | head -40; tail -20 "$OUT/build.log"; exit 1; }
@@ -81,20 +81,35 @@ for what in "$@"; do
      V="--engine gpu --block 8 --max-len 64"
      ./harness/v41 serve-trace $V --synth "n=24,rate=200,in=uniform:8:48,out=uniform:2:12,groups=4,prefix=16,block=8,seed=1" --json "$OUT/serve-cal.json" > "$OUT/serve.log" 2>&1
      ./harness/v41 serve-trace $V --synth "n=24,rate=400,in=uniform:8:48,out=uniform:2:12,groups=2,prefix=24,block=8,seed=2" --dspark --json "$OUT/serve-cal2.json" >> "$OUT/serve.log" 2>&1
-     ./harness/v41 serve-trace $V --trace "$TOP/traces/mooncake_conversation_head200.jsonl" --limit 24 --json "$OUT/serve-val.json" >> "$OUT/serve.log" 2>&1
+     # a decode-heavy mix (short prompts, long outputs: small steps) so the calibration spans both ends
+     ./harness/v41 serve-trace $V --synth "n=24,rate=300,in=uniform:4:16,out=uniform:8:40,groups=2,prefix=8,block=8,seed=3" --json "$OUT/serve-cal3.json" >> "$OUT/serve.log" 2>&1
+     ./harness/v41 serve-trace $V --trace "$TOP/traces/mooncake_conversation_head200.jsonl" --limit 80 --json "$OUT/serve-val.json" >> "$OUT/serve.log" 2>&1
      ./harness/v41 serve-trace $V --synth "n=16,rate=1000,in=uniform:16:52,out=fixed:8,groups=1,prefix=32,block=8,seed=7" --dspark --json "$OUT/serve-val2.json" >> "$OUT/serve.log" 2>&1
+     ./harness/v41 serve-trace $V --trace "$TOP/traces/azure_conv_head200.csv" --limit 40 --json "$OUT/serve-val3.json" >> "$OUT/serve.log" 2>&1
      echo "serve-trace rc=$?"; grep -E "^serve-trace:" "$OUT/serve.log"
      # one calibration file from both calibration runs (the fit reads one file)
-     python3 - "$OUT/serve-cal.json" "$OUT/serve-cal2.json" "$OUT/serve-calall.json" <<'PY'
+     python3 - "$OUT/serve-calall.json" "$OUT/serve-cal.json" "$OUT/serve-cal2.json" "$OUT/serve-cal3.json" <<'PY'
 import json, sys
-a = json.load(open(sys.argv[1])); b = json.load(open(sys.argv[2])); a["steps"] += b["steps"]
-json.dump(a, open(sys.argv[3], "w"))
+a = json.load(open(sys.argv[2]))
+for f in sys.argv[3:]: a["steps"] += json.load(open(f))["steps"]
+json.dump(a, open(sys.argv[1], "w"))
 PY
-     for v in serve-val serve-val2; do
+     # and the pooled validation: every validation step of the three runs in one file
+     python3 - "$OUT/serve-valall.json" "$OUT/serve-val.json" "$OUT/serve-val2.json" "$OUT/serve-val3.json" <<'PY'
+import json, sys
+a = json.load(open(sys.argv[2]))
+for f in sys.argv[3:]: a["steps"] += json.load(open(f))["steps"]
+json.dump(a, open(sys.argv[1], "w"))
+PY
+     for v in serve-val serve-val2 serve-val3 serve-valall; do
        ./harness/v41 sim --validate "$OUT/$v.json" $P | head -3
        ./harness/v41 sim --validate "$OUT/$v.json" $P --fit-from "$OUT/serve-calall.json" --json > "$OUT/validate-$v.json"
        ./harness/v41 sim --validate "$OUT/$v.json" $P --fit-from "$OUT/serve-calall.json" | head -3
      done 2>&1 | tee "$OUT/validate.log" ;;
+  oracledump) O=$TOP/tests/fixtures/v41-tiny   # prefill-step dumps of both engines (for v41 diff)
+     ./harness/v41 oracle-check "$O" "$O/golden_fixed.h5" --engine gpu --steps 0 --dump "$OUT/oracle-gpu.h5" > "$OUT/oracledump.log" 2>&1
+     ./harness/v41 oracle-check "$O" "$O/golden_fixed.h5" --engine ref --steps 0 --dump "$OUT/oracle-ref.h5" >> "$OUT/oracledump.log" 2>&1
+     grep -E "PASS:|FAIL:" "$OUT/oracledump.log" ;;
   torch) (cd "$TOP" && PYTHONUNBUFFERED=1 python3 gpu/bench/torch_layer.py --json "$OUT/torch.json") > "$OUT/torch.log" 2>&1; echo "torch rc=$?"; tail -15 "$OUT/torch.log" ;;
   esac
   echo "$what: $(( $(date +%s) - t0 )) s"
