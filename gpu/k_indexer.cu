@@ -13,7 +13,8 @@
 // shared buffer so that lane L sums key L's heads in order. Keys past the
 // row's visible count are not read. Other shapes use the generic wmma kernel.
 //
-// Top-k: one cluster of 8 blocks per row, each block owning 1/8 of the row
+// Top-k: one cluster of CL blocks per row (CL = 1, 2, 4 or 8: the fewest that keep a
+// block's share <= 8K positions; CL = 1 is a plain block, no cluster), each block owning 1/CL of the row
 // (keys cached in its shared memory). Radix select on the 16-bit
 // order-preserving key of the bf16 score: two 8-bit histogram passes
 // (lane-replicated shared histograms, so no same-address atomics; per-block
@@ -227,9 +228,22 @@ static int ixf_launch(const uint16_t *q, const float *w, const uint16_t *k, cons
 {
     int dev = 0, nsm = 132;
     if (cudaGetDevice(&dev) == cudaSuccess) cudaDeviceGetAttribute(&nsm, cudaDevAttrMultiProcessorCount, dev);
-    // groups of 32 keys per warp: enough blocks for ~4 waves of 2 blocks per SM, at most 4
-    long long want = (long long)T * S / (256LL * 8 * nsm);
-    int G = (int)(want < 1 ? 1 : want > 4 ? 4 : want);
+    // Keys per block 256*G (32-key groups per warp). Many waves of work (long rows or a big batch): G = 4, as
+    // tuned at 64K. A few waves: each block is a Q fill and a first round of loads with nothing to overlap them,
+    // and each wave ends in a drain, so take fewer, longer blocks (more groups per warp, the next group's loads
+    // in flight during the epilogue): G <= 8 minimising waves * (groups per warp + 1), slots = 2 blocks per SM.
+    const long long slots = 2LL * nsm;
+    const long long want = (long long)T * S / (256LL * 8 * nsm);
+    const int nunit = (S + 255) / 256;   // 256-key units in a row
+    int G = 4;
+    if (want < 4) {
+        long long best = -1;
+        for (int g = 1; g <= 8; g++) {
+            const long long nb = (long long)T * ((nunit + g - 1) / g);
+            const long long cost = (nb + slots - 1) / slots * (min(g, nunit) + 1);
+            if (best < 0 || cost < best) { best = cost; G = g; }   // ties: the smaller G
+        }
+    }
     int nchunk = (S + 256 * G - 1) / (256 * G);
     long long nb = (long long)nchunk * T;
     if (nb > 0x7fffffffLL) return (int)cudaErrorInvalidValue;
@@ -267,7 +281,8 @@ extern "C" int v41g_indexer_scores(const uint16_t *q, const float *w, const uint
 }
 
 // ------------------------------------------------------------------ top-k
-#define TK_CL 8                  /* blocks (one cluster) per row */
+#define TK_CL 8                  /* most blocks (one cluster) per row */
+#define TK_SHARE 8192            /* positions a block takes before the row is split over a cluster */
 #define TK_THREADS 512
 #define TK_W (TK_THREADS / 32)
 #define TK_UNROLL 16
@@ -325,9 +340,23 @@ __device__ __forceinline__ int tk_rep_sum(const uint32_t *rep, int tid)
 __device__ __forceinline__ void tk_cluster_arrive() { asm volatile("barrier.cluster.arrive.release.aligned;" ::: "memory"); }
 __device__ __forceinline__ void tk_cluster_wait() { asm volatile("barrier.cluster.wait.acquire.aligned;" ::: "memory"); }
 
-// Grid: TK_CL * T blocks; cluster = the TK_CL blocks of row t = blockIdx.x / TK_CL; block rank r owns
-// positions [r*chunk, (r+1)*chunk) of the row.
-__global__ void __cluster_dims__(TK_CL, 1, 1) __launch_bounds__(TK_THREADS)
+// Grid: CL * T blocks; cluster (CL > 1; CL == 1: the block alone, no cluster) = the CL blocks of row
+// t = blockIdx.x / CL; block rank r owns positions [r*chunk, (r+1)*chunk) of the row.
+template <int CL>
+__device__ __forceinline__ void tk_csync()
+{
+    if constexpr (CL == 1) __syncthreads();
+    else cg::this_cluster().sync();
+}
+template <int CL>
+__device__ __forceinline__ int tk_remote(int *p, int r)   // p in block rank r of the cluster
+{
+    if constexpr (CL == 1) return *p;
+    else return *cg::this_cluster().map_shared_rank(p, r);
+}
+
+template <int CL>
+__global__ void __launch_bounds__(TK_THREADS, CL == 1 ? 1 : 0)
 g_topk_kernel(const float *__restrict__ I, const int32_t *__restrict__ visible, int S, int k, int chunk, int cache,
               int32_t *__restrict__ out, uint8_t *tie_cut)
 {
@@ -336,8 +365,9 @@ g_topk_kernel(const float *__restrict__ I, const int32_t *__restrict__ visible, 
     uint16_t *keys = (uint16_t *)(rep + 256 * 32);     // [chunk] when cache
     __shared__ int h1[256], h2[256], cnt[2];           // this block's histograms and counts (read by the cluster)
     __shared__ int wtot[8], res[3], wc[2][TK_W], wq[2][TK_W];
-    cg::cluster_group cl = cg::this_cluster();
-    const int rank = (int)cl.block_rank(), t = blockIdx.x / TK_CL;
+    int rank = 0;
+    if constexpr (CL > 1) rank = (int)cg::this_cluster().block_rank();
+    const int t = blockIdx.x / CL;
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const float *row = I + (size_t)t * S;
     const int c0 = min(S, rank * chunk), len = min(S, c0 + chunk) - c0;
@@ -345,7 +375,7 @@ g_topk_kernel(const float *__restrict__ I, const int32_t *__restrict__ visible, 
     auto key_at = [&](int i) -> uint32_t { return cache ? (uint32_t)keys[i] : g_score_key(row[c0 + i]); };
 
     // pass 1: read the share once (16 loads in flight per thread), cache the keys, histogram the high byte
-    for (int i = tid; i < 256 * 32; i += TK_THREADS) rep[i] = 0;
+    for (int i = tid; i < 256 * 32 / 4; i += TK_THREADS) ((uint4 *)rep)[i] = make_uint4(0, 0, 0, 0);
     __syncthreads();
     for (int base = 0; base < len; base += TK_THREADS * TK_UNROLL) {
         uint32_t kv[TK_UNROLL];
@@ -365,11 +395,13 @@ g_topk_kernel(const float *__restrict__ I, const int32_t *__restrict__ visible, 
     }
     __syncthreads();
     if (tid < 256) h1[tid] = tk_rep_sum(rep, tid);
-    cl.sync();
+    tk_csync<CL>();
     int hv = 0;
     if (tid < 256)
-        for (int r = 0; r < TK_CL; r++) hv += *cl.map_shared_rank(&h1[tid], r);
-    for (int i = tid; i < 256 * 32; i += TK_THREADS) rep[i] = 0;   // (its reads all preceded cl.sync)
+#pragma unroll
+        for (int r = 0; r < CL; r++) hv += tk_remote<CL>(&h1[tid], r);
+    for (int i = tid; i < 256 * 32 / 4; i += TK_THREADS)   // (its reads all preceded the sync)
+        ((uint4 *)rep)[i] = make_uint4(0, 0, 0, 0);
     tk_select(hv, 0, kk, wtot, res);
     const uint32_t hi = (uint32_t)res[0];
     const int above_hi = res[1];
@@ -380,10 +412,11 @@ g_topk_kernel(const float *__restrict__ I, const int32_t *__restrict__ visible, 
     }
     __syncthreads();
     if (tid < 256) h2[tid] = tk_rep_sum(rep, tid);
-    cl.sync();
+    tk_csync<CL>();
     hv = 0;
     if (tid < 256)
-        for (int r = 0; r < TK_CL; r++) hv += *cl.map_shared_rank(&h2[tid], r);
+#pragma unroll
+        for (int r = 0; r < CL; r++) hv += tk_remote<CL>(&h2[tid], r);
     tk_select(hv, above_hi, kk, wtot, res);
     const uint32_t thr = (hi << 8) | (uint32_t)res[0];
     const int above = res[1];   // scores above thr in the row
@@ -404,31 +437,37 @@ g_topk_kernel(const float *__restrict__ I, const int32_t *__restrict__ visible, 
     }
     if (lane == 0) { wc[0][warp] = n_eq; wc[1][warp] = n_gt; }
     __syncthreads();
-    if (warp == 0) {   // this block's totals, for the cluster
-        int e = lane < TK_W ? wc[0][lane] : 0, gt = lane < TK_W ? wc[1][lane] : 0;
-        e = tk_scan_incl(e, lane);
-        gt = tk_scan_incl(gt, lane);
-        if (lane == 31) { cnt[0] = e; cnt[1] = gt; }
+    int bquota, boff;   // (warp 0) this block's quota of ties and output offset
+    if constexpr (CL == 1) {
+        bquota = need;
+        boff = 0;
+    } else {
+        if (warp == 0) {   // this block's totals, for the cluster
+            int e = lane < TK_W ? wc[0][lane] : 0, gt = lane < TK_W ? wc[1][lane] : 0;
+            e = tk_scan_incl(e, lane);
+            gt = tk_scan_incl(gt, lane);
+            if (lane == 31) { cnt[0] = e; cnt[1] = gt; }
+        }
+        tk_csync<CL>();
+        if (warp == 0) {
+            // over the cluster's blocks in position order: ties before this block, its quota and output offset
+            int e = 0, gt = 0;
+            if (lane < CL) { e = tk_remote<CL>(&cnt[0], lane); gt = tk_remote<CL>(&cnt[1], lane); }
+            int ei = tk_scan_incl(e, lane);
+            int quota = max(0, min(e, need - (ei - e)));
+            int sc = gt + quota, si = tk_scan_incl(sc, lane);
+            bquota = __shfl_sync(0xffffffffu, quota, rank);
+            boff = __shfl_sync(0xffffffffu, si - sc, rank);
+        }
     }
-    cl.sync();
-    if (warp == 0) {
-        // over the cluster's blocks in position order: ties before this block, its quota and output offset
-        int e = 0, gt = 0;
-        if (lane < TK_CL) { e = *cl.map_shared_rank(&cnt[0], lane); gt = *cl.map_shared_rank(&cnt[1], lane); }
+    if (warp == 0) {   // then over this block's warps
+        int e = lane < TK_W ? wc[0][lane] : 0, gt = lane < TK_W ? wc[1][lane] : 0;
         int ei = tk_scan_incl(e, lane);
-        int quota = max(0, min(e, need - (ei - e)));
+        int quota = max(0, min(e, bquota - (ei - e)));
         int sc = gt + quota, si = tk_scan_incl(sc, lane);
-        const int bquota = __shfl_sync(0xffffffffu, quota, rank), boff = __shfl_sync(0xffffffffu, si - sc, rank);
-        // then over this block's warps
-        e = lane < TK_W ? wc[0][lane] : 0;
-        gt = lane < TK_W ? wc[1][lane] : 0;
-        ei = tk_scan_incl(e, lane);
-        quota = max(0, min(e, bquota - (ei - e)));
-        sc = gt + quota;
-        si = tk_scan_incl(sc, lane);
         if (lane < TK_W) { wq[0][lane] = quota; wq[1][lane] = boff + si - sc; }
     }
-    tk_cluster_arrive();   // this block's remote reads are done (the others may exit after the wait)
+    if constexpr (CL > 1) tk_cluster_arrive();   // this block's remote reads are done (the others may exit after the wait)
     __syncthreads();
     int32_t *orow = out + (size_t)t * k;
     int quota = wq[0][warp], posb = wq[1][warp], eq_seen = 0;
@@ -445,7 +484,40 @@ g_topk_kernel(const float *__restrict__ I, const int32_t *__restrict__ visible, 
     }
     if (rank == 0)
         for (int j = kk + tid; j < k; j += TK_THREADS) orow[j] = -1;
-    tk_cluster_wait();
+    if constexpr (CL > 1) tk_cluster_wait();
+}
+
+// Blocks per row: the fewest (a power of two, at most TK_CL) that keep a block's share <= TK_SHARE positions.
+// Below that a cluster is mostly synchronisation (three cluster barriers and remote reads for ~1K keys a
+// block) and a batch of rows needs many co-resident clusters; one block per row needs neither.
+template <int CL>
+static int tk_launch(const float *I, const int32_t *visible, int T, int S, int k, int32_t *out, uint8_t *tie_cut,
+                     cudaStream_t st)
+{
+    if ((long long)T * CL > 0x7fffffffLL) return (int)cudaErrorInvalidValue;
+    int chunk = (S + CL - 1) / CL;
+    int cache = (size_t)chunk * 2 <= TK_CACHE_MAX;
+    size_t sm = 256 * 32 * 4 + (cache ? ((size_t)chunk * 2 + 15) / 16 * 16 : 0);
+    G_CHECK(cudaFuncSetAttribute(g_topk_kernel<CL>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sm));
+    if constexpr (CL == 1) {
+        g_topk_kernel<1><<<T, TK_THREADS, sm, st>>>(I, visible, S, k, chunk, cache, out, tie_cut);
+    } else {
+        cudaLaunchConfig_t cfg = {};
+        cudaLaunchAttribute at[1];
+        at[0].id = cudaLaunchAttributeClusterDimension;
+        at[0].val.clusterDim.x = CL;
+        at[0].val.clusterDim.y = 1;
+        at[0].val.clusterDim.z = 1;
+        cfg.gridDim = dim3((unsigned)(T * CL));
+        cfg.blockDim = dim3(TK_THREADS);
+        cfg.dynamicSmemBytes = sm;
+        cfg.stream = st;
+        cfg.attrs = at;
+        cfg.numAttrs = 1;
+        G_CHECK(cudaLaunchKernelEx(&cfg, g_topk_kernel<CL>, I, visible, S, k, chunk, cache, out, tie_cut));
+    }
+    G_LAUNCHED();
+    return 0;
 }
 
 extern "C" int v41g_topk(const float *I, const int32_t *visible, int T, int S, int k, int32_t *out,
@@ -458,12 +530,8 @@ extern "C" int v41g_topk(const float *I, const int32_t *visible, int T, int S, i
         if (tie_cut) G_CHECK(cudaMemsetAsync(tie_cut, 0, (size_t)T, st));
         return 0;
     }
-    if ((long long)T * TK_CL > 0x7fffffffLL) return (int)cudaErrorInvalidValue;
-    int chunk = (S + TK_CL - 1) / TK_CL;
-    int cache = (size_t)chunk * 2 <= TK_CACHE_MAX;
-    size_t sm = 256 * 32 * 4 + (cache ? ((size_t)chunk * 2 + 15) / 16 * 16 : 0);
-    G_CHECK(cudaFuncSetAttribute(g_topk_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sm));
-    g_topk_kernel<<<T * TK_CL, TK_THREADS, sm, st>>>(I, visible, S, k, chunk, cache, out, tie_cut);
-    G_LAUNCHED();
-    return 0;
+    if (S <= TK_SHARE) return tk_launch<1>(I, visible, T, S, k, out, tie_cut, st);
+    if (S <= 2 * TK_SHARE) return tk_launch<2>(I, visible, T, S, k, out, tie_cut, st);
+    if (S <= 4 * TK_SHARE) return tk_launch<4>(I, visible, T, S, k, out, tie_cut, st);
+    return tk_launch<TK_CL>(I, visible, T, S, k, out, tie_cut, st);
 }

@@ -1,5 +1,6 @@
 // k_small.cu: RMSNorm, RoPE, act_quant, fp4 quantize-dequantize (SPEC §2, §4).
-// Memory-bound: each thread moves 16-byte vectors (8 bf16) where the shape allows.
+// Memory-bound: each thread moves 16-byte vectors (8 bf16) where the shape allows; the
+// vectorized variants keep the exact fp32 operation order of the plain ones (bit-identical).
 #include "g_internal.cuh"
 
 // ---------------------------------------------------------------- RMSNorm
@@ -38,12 +39,58 @@ __global__ void g_rmsnorm_kernel(const uint16_t *__restrict__ x, const uint16_t 
     }
 }
 
+// Same arithmetic, same element->thread assignment, same per-thread order and the same
+// block_sum tree as g_rmsnorm_kernel (so bit-identical), with the thread's part of the row held in
+// registers: all of a thread's 16-byte loads of x are issued up front and x is read from
+// memory once (w, L2-resident, is read after the reduction to keep 8 blocks of 256 per SM).
+// Needs dim % 8 == 0, 16-byte aligned pointers and dim <= NV * 8 * blockDim.x.
+// y may alias x (in-place): each thread reads its vectors before writing them.
+template <int NV>
+__global__ void g_rmsnorm_reg_kernel(const uint16_t *x, const uint16_t *__restrict__ w, uint16_t *y, int dim,
+                                     float eps)
+{
+    __shared__ float sh[32];
+    const uint16_t *xr = x + (size_t)blockIdx.x * dim;
+    uint16_t *yr = y + (size_t)blockIdx.x * dim;
+    const int i0 = threadIdx.x * 8, step = blockDim.x * 8;
+    uint4 xv[NV];
+#pragma unroll
+    for (int k = 0; k < NV; k++)
+        if (i0 + k * step < dim) xv[k] = *(const uint4 *)(xr + i0 + k * step);
+    float ss = 0.0f;
+#pragma unroll
+    for (int k = 0; k < NV; k++)
+        if (i0 + k * step < dim) {
+            const uint16_t *e = (const uint16_t *)&xv[k];
+#pragma unroll
+            for (int q = 0; q < 8; q++) { float f = g_bf2f(e[q]); ss = __fmaf_rn(f, f, ss); }
+        }
+    ss = g_block_sum(ss, sh);
+    float r = 1.0f / sqrtf(ss / (float)dim + eps);
+#pragma unroll
+    for (int k = 0; k < NV; k++)
+        if (i0 + k * step < dim) {
+            uint4 o, wk = __ldg((const uint4 *)(w + i0 + k * step));
+            const uint16_t *e = (const uint16_t *)&xv[k], *we = (const uint16_t *)&wk;
+            uint16_t *oe = (uint16_t *)&o;
+#pragma unroll
+            for (int q = 0; q < 8; q++) oe[q] = g_f2bf(__fmul_rn(__fmul_rn(g_bf2f(e[q]), r), g_bf2f(we[q])));
+            *(uint4 *)(yr + i0 + k * step) = o;
+        }
+}
+
 extern "C" int v41g_rmsnorm(const uint16_t *x, const uint16_t *w, uint16_t *y, int rows, int dim,
                             float eps, v41g_stream s)
 {
     if (rows <= 0) return 0;
     int th = dim >= 4096 ? 256 : 128;
-    g_rmsnorm_kernel<<<rows, th, 0, G_STREAM(s)>>>(x, w, y, dim, eps);
+    int nv = (dim + 8 * th - 1) / (8 * th);   // 16-byte vectors per thread
+    bool vec = (dim & 7) == 0 && (((uintptr_t)x | (uintptr_t)w | (uintptr_t)y) & 15) == 0;
+    if (vec && nv == 1) g_rmsnorm_reg_kernel<1><<<rows, th, 0, G_STREAM(s)>>>(x, w, y, dim, eps);
+    else if (vec && nv == 2) g_rmsnorm_reg_kernel<2><<<rows, th, 0, G_STREAM(s)>>>(x, w, y, dim, eps);
+    else if (vec && nv == 3) g_rmsnorm_reg_kernel<3><<<rows, th, 0, G_STREAM(s)>>>(x, w, y, dim, eps);
+    else if (vec && nv == 4) g_rmsnorm_reg_kernel<4><<<rows, th, 0, G_STREAM(s)>>>(x, w, y, dim, eps);
+    else g_rmsnorm_kernel<<<rows, th, 0, G_STREAM(s)>>>(x, w, y, dim, eps);
     G_LAUNCHED();
     return 0;
 }
@@ -70,11 +117,83 @@ __global__ void g_rope_kernel(uint16_t *x, const int32_t *pos, const float *freq
     }
 }
 
+// Vectorized RoPE: a block takes rpb whole rows; the per-row cos/sin table (r/2 entries,
+// the same cosf/sinf of the same fp32 angle as above) is computed once per row into shared
+// memory while the rows' rotated parts are in flight; each thread then rotates 16-byte
+// vectors (4 pairs). The pair arithmetic is pinned to what ptxas makes of the expressions
+// above: a' = fma(a, c, -(b*s)), b' = fma(b, c, a*s) (bit-identical to g_rope_kernel).
+// Needs r % 8 == 0, d % 8 == 0, x 16-byte aligned, rpb * heads * r/8 <= ROPE_VPT * 256,
+// rpb * r/2 <= ROPE_TAB and rpb * heads * d < 2^31; other shapes use g_rope_kernel.
+#define ROPE_VPT 8
+#define ROPE_TAB 2048
+__global__ void __launch_bounds__(256) g_rope_vec_kernel(uint16_t *x, const int32_t *__restrict__ pos,
+                                                         const float *__restrict__ freqs, int rows, int heads,
+                                                         int d, int r, int inverse, int rpb)
+{
+    __shared__ __align__(16) float tc[ROPE_TAB], ts[ROPE_TAB];
+    const int half = r >> 1, vph = r >> 3, nvr = heads * vph;
+    const int row0 = blockIdx.x * rpb;
+    const int nrow = min(rpb, rows - row0), nv = nrow * nvr;
+    uint16_t *xb = x + (size_t)row0 * heads * d + (d - r);
+    uint4 v[ROPE_VPT];
+    int off[ROPE_VPT], ti[ROPE_VPT];   // element offset from xb, table index
+#pragma unroll
+    for (int k = 0; k < ROPE_VPT; k++) {
+        int i = threadIdx.x + k * 256;
+        if (i < nv) {
+            int rh = i / vph, jv = i - rh * vph;          // rh: (row, head) within the block
+            int rl = rh / heads;
+            off[k] = rh * d + jv * 8;
+            ti[k] = rl * half + jv * 4;
+            v[k] = *(const uint4 *)(xb + off[k]);
+        }
+    }
+    for (int t = threadIdx.x; t < nrow * half; t += 256) {
+        int rl = t / half, j = t - rl * half;
+        float phi = (float)pos[row0 + rl] * freqs[j];
+        float c = cosf(phi), sn = sinf(phi);
+        if (inverse) sn = -sn;
+        tc[t] = c;
+        ts[t] = sn;
+    }
+    __syncthreads();
+#pragma unroll
+    for (int k = 0; k < ROPE_VPT; k++) {
+        int i = threadIdx.x + k * 256;
+        if (i < nv) {
+            float4 c4 = *(const float4 *)&tc[ti[k]], s4 = *(const float4 *)&ts[ti[k]];
+            const float cc[4] = {c4.x, c4.y, c4.z, c4.w}, ss[4] = {s4.x, s4.y, s4.z, s4.w};
+            const uint16_t *e = (const uint16_t *)&v[k];
+            uint4 o;
+            uint16_t *oe = (uint16_t *)&o;
+#pragma unroll
+            for (int q = 0; q < 4; q++) {
+                float a = g_bf2f(e[2 * q]), b = g_bf2f(e[2 * q + 1]);
+                oe[2 * q] = g_f2bf(__fmaf_rn(a, cc[q], -__fmul_rn(b, ss[q])));
+                oe[2 * q + 1] = g_f2bf(__fmaf_rn(b, cc[q], __fmul_rn(a, ss[q])));
+            }
+            *(uint4 *)(xb + off[k]) = o;
+        }
+    }
+}
+
 extern "C" int v41g_rope(uint16_t *x, const int32_t *pos, const float *freqs, int rows, int heads,
                          int d, int r, int inverse, v41g_stream s)
 {
     size_t n = (size_t)rows * heads * (r / 2);
     if (n == 0) return 0;
+    int nvr = heads * (r / 8), half = r / 2;   // 16-byte vectors per row, table entries per row
+    // rows per block: <= ROPE_VPT vectors per thread, and at most one table entry per thread
+    // where r/2 <= 256 (few heads: spread the cos/sin work over more blocks)
+    int rpb = nvr > 0 ? ROPE_VPT * 256 / nvr : 0, cap = half <= 256 ? 256 / half : (half <= ROPE_TAB ? 1 : 0);
+    if (rpb > cap) rpb = cap;
+    if (rpb > rows) rpb = rows;
+    if (r % 8 == 0 && d % 8 == 0 && ((uintptr_t)x & 15) == 0 && rpb >= 1 && (size_t)rpb * heads * d < (1u << 31)) {
+        g_rope_vec_kernel<<<(rows + rpb - 1) / rpb, 256, 0, G_STREAM(s)>>>(x, pos, freqs, rows, heads, d, r, inverse,
+                                                                           rpb);
+        G_LAUNCHED();
+        return 0;
+    }
     int blocks = (int)((n + 255) / 256);
     if (blocks > 65536) blocks = 65536;
     g_rope_kernel<<<blocks, 256, 0, G_STREAM(s)>>>(x, pos, freqs, rows, heads, d, r, inverse);
@@ -131,7 +250,11 @@ extern "C" int v41g_act_quant(const uint16_t *x, uint8_t *q, float *scale, uint1
 // ---------------------------------------------------------------- fp4_qdq(x, g, scale)
 // g/8 consecutive lanes per group. e8m0: scale = 2^ceil(log2(max(amax, 6*2^-126)*fp32(1/6)));
 // e4m3: scale = e4m3_rne(max(amax, 6*2^-9)/6). code = nearest fp4 of |x/scale|.
-__global__ void g_fp4_qdq_kernel(const uint16_t *__restrict__ x, uint16_t *y, size_t nvec, int lanes, int e4m3)
+// LANES (= g/8) and the scale kind are template parameters. For e8m0, sc = 2^e is a power of
+// two, so x/sc == x*2^-e exactly (both are the correctly rounded x*2^-e; no FTZ in this
+// build) whenever 2^-e is a normal fp32 (e <= 126); e = 127/128 (amax inf) keeps the division.
+template <int LANES, int E4M3>
+__global__ void g_fp4_qdq_kernel(const uint16_t *__restrict__ x, uint16_t *y, size_t nvec)
 {
     size_t v = blockIdx.x * (size_t)blockDim.x + threadIdx.x;
     bool live = v < nvec;
@@ -140,19 +263,48 @@ __global__ void g_fp4_qdq_kernel(const uint16_t *__restrict__ x, uint16_t *y, si
     float f[8], amax = 0.0f;
 #pragma unroll
     for (int k = 0; k < 8; k++) { f[k] = g_bf2f(e[k]); amax = fmaxf(amax, fabsf(f[k])); }
-    for (int o = 1; o < lanes; o <<= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+#pragma unroll
+    for (int o = 1; o < LANES; o <<= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
     if (!live) return;
-    float sc;
-    if (e4m3) sc = g_e4m32f(g_f2e4m3(fmaxf(amax, 6.0f * 0.001953125f) / 6.0f));
-    else sc = g_pow2(g_ceil_log2(fmaxf(amax, 6.0f * 1.1754943508222875e-38f) * (1.0f / 6.0f)));
+    float sc, t[8];
+    if (E4M3) {
+        sc = g_e4m32f(g_f2e4m3(fmaxf(amax, 6.0f * 0.001953125f) / 6.0f));
+#pragma unroll
+        for (int k = 0; k < 8; k++) t[k] = f[k] / sc;
+    } else {
+        int ex = g_ceil_log2(fmaxf(amax, 6.0f * 1.1754943508222875e-38f) * (1.0f / 6.0f));
+        sc = g_pow2(ex);
+        if (ex <= 126) {
+            float inv = g_pow2(-ex);
+#pragma unroll
+            for (int k = 0; k < 8; k++) t[k] = __fmul_rn(f[k], inv);
+        } else {
+#pragma unroll
+            for (int k = 0; k < 8; k++) t[k] = f[k] / sc;
+        }
+    }
     uint4 o;
     uint16_t *oe = (uint16_t *)&o;
 #pragma unroll
     for (int k = 0; k < 8; k++) {
-        float m = g_fp4_mag(fabsf(f[k] / sc));
+        float m = g_fp4_mag(fabsf(t[k]));
         oe[k] = g_f2bf(copysignf(m * sc, f[k]));
     }
     *(uint4 *)(y + v * 8) = o;
+}
+
+template <int E4M3>
+static void g_fp4_qdq_launch(const uint16_t *x, uint16_t *y, size_t nvec, int lanes, cudaStream_t st)
+{
+    unsigned nb = (unsigned)((nvec + 255) / 256);
+    switch (lanes) {
+    case 1: g_fp4_qdq_kernel<1, E4M3><<<nb, 256, 0, st>>>(x, y, nvec); break;
+    case 2: g_fp4_qdq_kernel<2, E4M3><<<nb, 256, 0, st>>>(x, y, nvec); break;
+    case 4: g_fp4_qdq_kernel<4, E4M3><<<nb, 256, 0, st>>>(x, y, nvec); break;
+    case 8: g_fp4_qdq_kernel<8, E4M3><<<nb, 256, 0, st>>>(x, y, nvec); break;
+    case 16: g_fp4_qdq_kernel<16, E4M3><<<nb, 256, 0, st>>>(x, y, nvec); break;
+    default: g_fp4_qdq_kernel<32, E4M3><<<nb, 256, 0, st>>>(x, y, nvec); break;
+    }
 }
 
 extern "C" int v41g_fp4_qdq(const uint16_t *x, uint16_t *y, int rows, int n, int g, int scale_e4m3,
@@ -162,7 +314,8 @@ extern "C" int v41g_fp4_qdq(const uint16_t *x, uint16_t *y, int rows, int n, int
     if (g % 8 || n % g || lanes > 32 || (lanes & (lanes - 1))) return (int)cudaErrorInvalidValue;
     size_t nvec = (size_t)rows * n / 8;
     if (nvec == 0) return 0;
-    g_fp4_qdq_kernel<<<(unsigned)((nvec + 255) / 256), 256, 0, G_STREAM(s)>>>(x, y, nvec, lanes, scale_e4m3);
+    if (scale_e4m3) g_fp4_qdq_launch<1>(x, y, nvec, lanes, G_STREAM(s));
+    else g_fp4_qdq_launch<0>(x, y, nvec, lanes, G_STREAM(s));
     G_LAUNCHED();
     return 0;
 }

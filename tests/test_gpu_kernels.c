@@ -396,7 +396,8 @@ START_TEST(test_indexer)
 END_TEST
 
 /* ------------------------------------------------------------ top-k */
-static const int tk_cases[][3] = {{6, 1000, 6}, {6, 1000, 512}, {4, 70000, 512}, {3, 40, 64}};   /* T, S, k */
+/* T, S, k; S picks 1, 2, 4 or 8 CTAs per row (<= 8K, 16K, 32K, more) */
+static const int tk_cases[][3] = {{6, 1000, 6}, {6, 1000, 512}, {4, 70000, 512}, {3, 40, 64}, {3, 12000, 64}, {4, 20000, 512}, {5, 8192, 512}};
 START_TEST(test_topk)
 {
     int T = tk_cases[_i][0], S = tk_cases[_i][1], k = tk_cases[_i][2];
@@ -498,7 +499,7 @@ static Suite *gpu_suite(void)
     tc = tcase_create("indexer");
     tcase_set_timeout(tc, 120);
     tcase_add_loop_test(tc, test_indexer, 0, 2);
-    tcase_add_loop_test(tc, test_topk, 0, 4);
+    tcase_add_loop_test(tc, test_topk, 0, (int)(sizeof tk_cases / sizeof tk_cases[0]));
     suite_add_tcase(s, tc);
     tc = tcase_create("moe");
     tcase_set_timeout(tc, 120);
