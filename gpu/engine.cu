@@ -37,6 +37,9 @@ extern "C" int v41gh_linear(const v41_lin *L, const float *x, int64_t M, float *
 extern "C" void v41gh_sparse_attn_row(const float *q, int H, int d, const float *const *kp, int n, const float *sink,
                                       float scale, float *out, bool emu);
 extern "C" void v41gh_rmsnorm(const float *x, const float *w, int64_t n, double eps, float *y, bool emu);
+extern "C" void v41gh_indexer_scores_rows(const float *q, const float *w, int n, int nI, int dI, const float *keys,
+                                          int cap, int Lc, const int *Lt, bool relu, bool emu, float *scores,
+                                          int64_t ld);
 extern "C" void v41gh_rope_apply(const v41_rope *rp, float *x, int64_t pos, bool inverse, bool interleaved, bool emu);
 extern "C" void v41gh_hc_pre(const float *X, const float *pre, int hc, int64_t D, float *y, bool emu);
 extern "C" void v41gh_hc_post(const float *y, const float *X, const float *post, const float *comb, int hc, int64_t D,
@@ -76,6 +79,13 @@ struct gh_ctx {
     size_t sc[6] = {};
     std::vector<uint16_t> hb0, hb1;
     long n_small_gpu = 0, n_small_cpu = 0;
+    // indexer scores (one call per request and index layer): device scratch q, w, keys, kbase, visible, I
+    void *ip[6] = {};
+    size_t ic[6] = {};
+    std::vector<uint16_t> hiq, hik;
+    std::vector<float> hiI;
+    std::vector<int64_t> hikb;
+    long n_idx_gpu = 0, n_idx_cpu = 0;
     const v41_engine_vtbl *ref = nullptr;
     v41_engine_vtbl vt;
 };
@@ -192,9 +202,10 @@ void gh_destroy(v41_engine *e)
     ref->destroy(e);
     if (getenv("V41_GPU_VERBOSE"))
         fprintf(stderr, "gpu engine: %ld Linears on the device, %ld on the host, %.1f MiB of weights uploaded; "
-                "%ld attention rows on the device, %ld on the host; %ld small ops on the device, %ld on the host\n",
+                "%ld attention rows on the device, %ld on the host; %ld small ops on the device, %ld on the host; "
+                "%ld indexer score blocks on the device, %ld on the host\n",
                 g->n_gpu, g->n_cpu, (double)g->wbytes / 1048576.0, g->n_attn_gpu, g->n_attn_cpu, g->n_small_gpu,
-                g->n_small_cpu);
+                g->n_small_cpu, g->n_idx_gpu, g->n_idx_cpu);
     for (auto &kv : g->w) cudaFree(kv.second.d);
     if (g->dx) cudaFree(g->dx);
     if (g->dq) cudaFree(g->dq);
@@ -202,6 +213,8 @@ void gh_destroy(v41_engine *e)
     for (void *p : {g->aq, g->akv, g->aidx, g->asink, g->ao})
         if (p) cudaFree(p);
     for (void *p : g->sp)
+        if (p) cudaFree(p);
+    for (void *p : g->ip)
         if (p) cudaFree(p);
     if (g->h) cublasDestroy(g->h);
     delete g;
@@ -439,6 +452,70 @@ bool hcpost_dev(gh_ctx *g, const float *y, const float *X, const float *post, co
     return down_bf(Xout, dO, n, g->hb0);
 }
 }  // namespace
+
+// One request's indexer scores (SPEC §6) on the device: its rows' queries (bf16), head
+// weights, and keys [0, min(Lc, cap)) (bf16; zero rows up to Lc, as ref's "no key" gives a
+// zero dot) go up, v41g_indexer_scores computes [n, Lc] (-inf past each row's Lt), the
+// rows come back into the host score matrix. Emulate mode with the ReLU only (the kernel
+// implements those rounding points); inputs that are not bf16 values or a device error
+// fall back to the CPU rows (counted).
+namespace {
+bool idx_dev(gh_ctx *g, const float *q, const float *w, int n, int nI, int dI, const float *keys, int cap, int Lc,
+             const int *Lt, float *scores, int64_t ld)
+{
+    const size_t nq = (size_t)n * nI * dI, nk = (size_t)Lc * dI;
+    const int kr = cap < Lc ? (cap > 0 ? cap : 0) : Lc;   /* key rows that exist */
+    g->hiq.resize(nq);
+    for (size_t i = 0; i < nq; i++) {
+        if (!bf_exact(q[i])) return false;
+        g->hiq[i] = bf_bits(q[i]);
+    }
+    for (size_t i = 0; i < (size_t)n * nI; i++)
+        if (!bf_exact(w[i])) return false;
+    g->hik.assign(nk, 0);
+    for (size_t i = 0; i < (size_t)kr * dI; i++) {
+        if (!bf_exact(keys[i])) return false;
+        g->hik[i] = bf_bits(keys[i]);
+    }
+    g->hikb.assign((size_t)n, 0);
+    v41_err e2 = {};
+    if (grow(&g->ip[0], &g->ic[0], 2 * nq, &e2) || grow(&g->ip[1], &g->ic[1], 4 * (size_t)n * nI, &e2) ||
+        grow(&g->ip[2], &g->ic[2], 2 * nk, &e2) || grow(&g->ip[3], &g->ic[3], 8 * (size_t)n, &e2) ||
+        grow(&g->ip[4], &g->ic[4], 4 * (size_t)n, &e2) || grow(&g->ip[5], &g->ic[5], 4 * (size_t)n * Lc, &e2))
+        return false;
+    if (cudaMemcpy(g->ip[0], g->hiq.data(), 2 * nq, cudaMemcpyHostToDevice) != cudaSuccess ||
+        cudaMemcpy(g->ip[1], w, 4 * (size_t)n * nI, cudaMemcpyHostToDevice) != cudaSuccess ||
+        cudaMemcpy(g->ip[2], g->hik.data(), 2 * nk, cudaMemcpyHostToDevice) != cudaSuccess ||
+        cudaMemcpy(g->ip[3], g->hikb.data(), 8 * (size_t)n, cudaMemcpyHostToDevice) != cudaSuccess ||
+        cudaMemcpy(g->ip[4], Lt, 4 * (size_t)n, cudaMemcpyHostToDevice) != cudaSuccess)
+        return false;
+    if (v41g_indexer_scores((const uint16_t *)g->ip[0], (const float *)g->ip[1], (const uint16_t *)g->ip[2],
+                            (const int64_t *)g->ip[3], (const int32_t *)g->ip[4], n, nI, dI, Lc, (float *)g->ip[5],
+                            NULL))
+        return false;
+    g->hiI.resize((size_t)n * Lc);
+    if (cudaMemcpy(g->hiI.data(), g->ip[5], 4 * (size_t)n * Lc, cudaMemcpyDeviceToHost) != cudaSuccess) return false;
+    for (int i = 0; i < n; i++) memcpy(scores + (size_t)i * ld, g->hiI.data() + (size_t)i * Lc, 4 * (size_t)Lc);
+    return true;
+}
+}  // namespace
+
+extern "C" void v41gh_indexer_scores_rows(const float *q, const float *w, int n, int nI, int dI, const float *keys,
+                                          int cap, int Lc, const int *Lt, bool relu, bool emu, float *scores,
+                                          int64_t ld)
+{
+    gh_ctx *g = tl_ctx;
+    if (n <= 0 || Lc <= 0) return;
+    if (g && emu && relu && dI % 16 == 0 && idx_dev(g, q, w, n, nI, dI, keys, cap, Lc, Lt, scores, ld)) {
+        g->n_idx_gpu++;
+        return;
+    }
+    if (g) {
+        cudaGetLastError();   // a failed device attempt must not poison the next call
+        g->n_idx_cpu++;
+    }
+    v41_indexer_scores_rows(q, w, n, nI, dI, keys, cap, Lc, Lt, relu, emu, scores, ld);
+}
 
 extern "C" void v41gh_rmsnorm(const float *x, const float *w, int64_t n, double eps, float *y, bool emu)
 {

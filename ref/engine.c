@@ -793,28 +793,21 @@ static int indexer(ref_engine *E, fwd *F, int l, const float *x, const float *qr
         const float *keys = st->ik[src];
         const int srcm = E->L[src].ratio;
         const int cap = E->max_seq / srcm + 1;
+        /* the scores of this request's rows (one call: the GPU engine runs it as one kernel) */
+        int *Lts = malloc(sizeof(int) * (size_t)(R->n > 0 ? R->n : 1));
+        if (!Lts) { rc = v41_err_set(err, V41_ENOMEM, "out of memory"); goto done; }
+        for (int i = 0; i < R->n; i++) {
+            int Lt = (R->start + i + 1) / m + (early ? 1 : 0);
+            Lts[i] = Lt > Lc ? Lc : Lt;
+        }
+        v41_indexer_scores_rows(q + (size_t)R->r0 * nI * dI, w + (size_t)R->r0 * nI, R->n, nI, dI, keys, cap, Lc,
+                                Lts, relu, emu, I + (size_t)R->r0 * Lmax, Lmax);
+        free(Lts);
 #pragma omp parallel for schedule(static)
         for (int i = 0; i < R->n; i++) {
             int t = R->r0 + i;
             int pos = R->start + i;
-            int Lt = (pos + 1) / m + (early ? 1 : 0);
-            if (Lt > Lc) Lt = Lc;
             float *It = I + (size_t)t * Lmax;
-            for (int s = 0; s < Lc; s++) {
-                if (s >= Lt) { It[s] = -INFINITY; continue; }
-                const float *ks = s < cap ? keys + (size_t)s * dI : NULL;
-                float tot = 0.0f, dots[nI]; /* dots[h] = v41_dot(q_h, ks, dI), same bits */
-                if (ks) v41_dot_rows(q + (size_t)t * nI * dI, nI, dI, ks, dI, dots);
-                for (int h = 0; h < nI; h++) {
-                    float dot = ks ? dots[h] : 0.0f;
-                    if (emu) dot = v41_bf16r(dot);
-                    if (relu && dot < 0) dot = 0.0f;
-                    float pr = dot * w[(size_t)t * nI + h];
-                    if (emu) pr = v41_bf16r(pr);
-                    tot += pr;
-                }
-                It[s] = emu ? v41_bf16r(tot) : tot;
-            }
             if (W->cand_src) {
                 int nb = (Lc + B - 1) / B;
                 float *bs = bsc + (size_t)t * nbmax;

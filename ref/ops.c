@@ -853,6 +853,31 @@ void v41_dot_rows(const float *Q, int nq, int64_t ldq, const float *k, int n, fl
     dots_impl(Q, nq, ldq, k, n, out);
 }
 
+void v41_indexer_scores_rows(const float *q, const float *w, int n, int nI, int dI, const float *keys, int cap,
+                             int Lc, const int *Lt, bool relu, bool emu, float *scores, int64_t ld)
+{
+#pragma omp parallel for schedule(static)
+    for (int i = 0; i < n; i++) {
+        float *It = scores + (size_t)i * ld;
+        const float *qi = q + (size_t)i * nI * dI, *wi = w + (size_t)i * nI;
+        for (int s = 0; s < Lc; s++) {
+            if (s >= Lt[i]) { It[s] = -INFINITY; continue; }
+            const float *ks = s < cap ? keys + (size_t)s * dI : NULL;
+            float tot = 0.0f, dots[nI]; /* dots[h] = v41_dot(q_h, ks, dI), same bits */
+            if (ks) v41_dot_rows(qi, nI, dI, ks, dI, dots);
+            for (int h = 0; h < nI; h++) {
+                float dot = ks ? dots[h] : 0.0f;
+                if (emu) dot = v41_bf16r(dot);
+                if (relu && dot < 0) dot = 0.0f;
+                float pr = dot * wi[h];
+                if (emu) pr = v41_bf16r(pr);
+                tot += pr;
+            }
+            It[s] = emu ? v41_bf16r(tot) : tot;
+        }
+    }
+}
+
 void v41_sparse_attn_row(const float *q, int H, int d, const float *const *kp, int n,
                          const float *sink, float scale, float *out, bool emu)
 {

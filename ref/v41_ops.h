@@ -52,6 +52,15 @@ static inline float v41_dot(const float *restrict a, const float *restrict b, in
 /* out[h] = v41_dot(Q + h*ldq, k, n) for h < nq, bitwise (AVX2 when it reproduces v41_dot). */
 void v41_dot_rows(const float *Q, int nq, int64_t ldq, const float *k, int n, float *out);
 
+/* Lightning-indexer scores of one request's rows (SPEC §6). Row i < n: query q[i, nI, dI],
+ * head weights w[i, nI] (already scaled, bf16-rounded in emulate mode); key s of the request
+ * is keys + s*dI for s < cap (a zero key beyond). scores[i*ld + s] for s < Lc:
+ * -inf when s >= Lt[i], else the sum over heads in order of round(relu(round(q_h.k_s)) * w_h),
+ * rounded (round = bf16 in emulate mode, identity in fp32; relu = false drops the ReLU,
+ * the `indexer-relu-dropped` fault). The GPU engine replaces it with one kernel call. */
+void v41_indexer_scores_rows(const float *q, const float *w, int n, int nI, int dI, const float *keys, int cap,
+                             int Lc, const int *Lt, bool relu, bool emu, float *scores, int64_t ld);
+
 /* ---- GEMM ---------------------------------------------------------------- */
 
 /* How a Linear computes (SPEC §2):
