@@ -30,6 +30,7 @@
 #include <vector>
 #include <string.h>
 #include <stdlib.h>
+#include <math.h>
 
 extern "C" int v41gh_ref_engine_create(const v41_model *m, const v41_engine_opts *o, v41_engine **out,
                                        v41_err *err);
@@ -40,6 +41,8 @@ extern "C" void v41gh_rmsnorm(const float *x, const float *w, int64_t n, double 
 extern "C" void v41gh_indexer_scores_rows(const float *q, const float *w, int n, int nI, int dI, const float *keys,
                                           int cap, int Lc, const int *Lt, bool relu, bool emu, float *scores,
                                           int64_t ld);
+extern "C" void v41gh_indexer_topk_rows(const float *scores, int64_t ld, int n, int L, int k, const int *Lt,
+                                        int32_t *out, int64_t ldo, int width, uint8_t *amb);
 extern "C" void v41gh_rope_apply(const v41_rope *rp, float *x, int64_t pos, bool inverse, bool interleaved, bool emu);
 extern "C" void v41gh_hc_pre(const float *X, const float *pre, int hc, int64_t D, float *y, bool emu);
 extern "C" void v41gh_hc_post(const float *y, const float *X, const float *post, const float *comb, int hc, int64_t D,
@@ -86,6 +89,13 @@ struct gh_ctx {
     std::vector<float> hiI;
     std::vector<int64_t> hikb;
     long n_idx_gpu = 0, n_idx_cpu = 0;
+    // indexer top-k: device scratch scores, visible, out, tie flags
+    void *tp[4] = {};
+    size_t tc[4] = {};
+    std::vector<float> htI;
+    std::vector<int32_t> hto;
+    std::vector<uint8_t> htt;
+    long n_topk_gpu = 0, n_topk_cpu = 0;
     const v41_engine_vtbl *ref = nullptr;
     v41_engine_vtbl vt;
 };
@@ -203,9 +213,9 @@ void gh_destroy(v41_engine *e)
     if (getenv("V41_GPU_VERBOSE"))
         fprintf(stderr, "gpu engine: %ld Linears on the device, %ld on the host, %.1f MiB of weights uploaded; "
                 "%ld attention rows on the device, %ld on the host; %ld small ops on the device, %ld on the host; "
-                "%ld indexer score blocks on the device, %ld on the host\n",
+                "%ld indexer score blocks on the device, %ld on the host; %ld top-k blocks on the device, %ld on the host\n",
                 g->n_gpu, g->n_cpu, (double)g->wbytes / 1048576.0, g->n_attn_gpu, g->n_attn_cpu, g->n_small_gpu,
-                g->n_small_cpu, g->n_idx_gpu, g->n_idx_cpu);
+                g->n_small_cpu, g->n_idx_gpu, g->n_idx_cpu, g->n_topk_gpu, g->n_topk_cpu);
     for (auto &kv : g->w) cudaFree(kv.second.d);
     if (g->dx) cudaFree(g->dx);
     if (g->dq) cudaFree(g->dq);
@@ -215,6 +225,8 @@ void gh_destroy(v41_engine *e)
     for (void *p : g->sp)
         if (p) cudaFree(p);
     for (void *p : g->ip)
+        if (p) cudaFree(p);
+    for (void *p : g->tp)
         if (p) cudaFree(p);
     if (g->h) cublasDestroy(g->h);
     delete g;
@@ -515,6 +527,65 @@ extern "C" void v41gh_indexer_scores_rows(const float *q, const float *w, int n,
         g->n_idx_cpu++;
     }
     v41_indexer_scores_rows(q, w, n, nI, dI, keys, cap, Lc, Lt, relu, emu, scores, ld);
+}
+
+// One request's indexer top-k (SPEC §6) on the device: its rows' scores [n, L] (bf16
+// values or -inf) go up, v41g_topk selects (ties to the lower position, ascending, -1 at
+// and past each row's Lt, tie flag for finite ties at the cut: the contract of ref's
+// v41_indexer_topk_rows), the lists come back, padded with -1 to the buffer width.
+// Scores that are not bf16 values (fp32 mode) or a device error: the CPU rows (counted).
+namespace {
+bool topk_dev(gh_ctx *g, const float *scores, int64_t ld, int n, int L, int k, const int *Lt, int32_t *out,
+              int64_t ldo, int width, uint8_t *amb)
+{
+    if (k <= 0 || k > L || k > width) return false;
+    const size_t nL = (size_t)n * L;
+    g->htI.resize(nL);
+    for (int i = 0; i < n; i++)
+        for (int s = 0; s < L; s++) {
+            float v = scores[(size_t)i * ld + s];
+            if (!(v == -INFINITY || (isfinite(v) && bf_exact(v)))) return false;
+            g->htI[(size_t)i * L + s] = v;
+        }
+    v41_err e2 = {};
+    if (grow(&g->tp[0], &g->tc[0], 4 * nL, &e2) || grow(&g->tp[1], &g->tc[1], 4 * (size_t)n, &e2) ||
+        grow(&g->tp[2], &g->tc[2], 4 * (size_t)n * k, &e2) || grow(&g->tp[3], &g->tc[3], (size_t)n, &e2))
+        return false;
+    if (cudaMemcpy(g->tp[0], g->htI.data(), 4 * nL, cudaMemcpyHostToDevice) != cudaSuccess ||
+        cudaMemcpy(g->tp[1], Lt, 4 * (size_t)n, cudaMemcpyHostToDevice) != cudaSuccess)
+        return false;
+    if (v41g_topk((const float *)g->tp[0], (const int32_t *)g->tp[1], n, L, k, (int32_t *)g->tp[2],
+                  (uint8_t *)g->tp[3], NULL))
+        return false;
+    g->hto.resize((size_t)n * k);
+    g->htt.resize((size_t)n);
+    if (cudaMemcpy(g->hto.data(), g->tp[2], 4 * (size_t)n * k, cudaMemcpyDeviceToHost) != cudaSuccess ||
+        cudaMemcpy(g->htt.data(), g->tp[3], (size_t)n, cudaMemcpyDeviceToHost) != cudaSuccess)
+        return false;
+    for (int i = 0; i < n; i++) {
+        int32_t *o = out + (size_t)i * ldo;
+        memcpy(o, g->hto.data() + (size_t)i * k, 4 * (size_t)k);
+        for (int a = k; a < width; a++) o[a] = -1;
+        amb[i] = g->htt[i];
+    }
+    return true;
+}
+}  // namespace
+
+extern "C" void v41gh_indexer_topk_rows(const float *scores, int64_t ld, int n, int L, int k, const int *Lt,
+                                        int32_t *out, int64_t ldo, int width, uint8_t *amb)
+{
+    gh_ctx *g = tl_ctx;
+    if (n <= 0) return;
+    if (g && topk_dev(g, scores, ld, n, L, k, Lt, out, ldo, width, amb)) {
+        g->n_topk_gpu++;
+        return;
+    }
+    if (g) {
+        cudaGetLastError();
+        g->n_topk_cpu++;
+    }
+    v41_indexer_topk_rows(scores, ld, n, L, k, Lt, out, ldo, width, amb);
 }
 
 extern "C" void v41gh_rmsnorm(const float *x, const float *w, int64_t n, double eps, float *y, bool emu)

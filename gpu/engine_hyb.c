@@ -1,8 +1,8 @@
 /* engine_hyb.c: the orchestration of the GPU engine (first stage, see README.md, section 'GPU kernels'
  * "GPU engine"). The CPU reference orchestration (ref/engine.c) is compiled a
  * second time here with every Linear (v41_linear / v41_linear_ld), every
- * sparse-attention row (v41_sparse_attn_row), each request's indexer scores
- * (v41_indexer_scores_rows), RMSNorm, RoPE and mHC pre/post
+ * sparse-attention row (v41_sparse_attn_row), each request's indexer scores and
+ * top-k (v41_indexer_scores_rows, v41_indexer_topk_rows), RMSNorm, RoPE and mHC pre/post
  * redirected to gpu/engine.cu, which runs them on the device (weights uploaded
  * once, dequantized to bf16; act_quant, cuBLAS GEMMs and the kernels of
  * gpu/v41_gpu.h). Caches, list building, compressor pooling, indexer scores and
@@ -14,6 +14,7 @@
 #define v41_linear_ld v41gh_linear_ld
 #define v41_sparse_attn_row v41gh_sparse_attn_row
 #define v41_indexer_scores_rows v41gh_indexer_scores_rows
+#define v41_indexer_topk_rows v41gh_indexer_topk_rows
 #define v41_rmsnorm v41gh_rmsnorm
 #define v41_rope_apply v41gh_rope_apply
 #define v41_hc_pre v41gh_hc_pre

@@ -847,24 +847,15 @@ static int indexer(ref_engine *E, fwd *F, int l, const float *x, const float *qr
     for (int qi = 0; qi < F->nr; qi++) {
         fwd_req *R = &F->R[qi];
         const int Lc = R->E / m, k = F->topk_k[qi];
-#pragma omp parallel for schedule(static)
+        int *Lts = malloc(sizeof(int) * (size_t)(R->n > 0 ? R->n : 1));
+        if (!Lts) { rc = v41_err_set(err, V41_ENOMEM, "out of memory"); goto done; }
         for (int i = 0; i < R->n; i++) {
-            int t = R->r0 + i;
-            int pos = R->start + i;
-            int Lt = (pos + 1) / m + (early ? 1 : 0);
-            int32_t *o = F->topk + (size_t)t * kmax;
-            amb[t] = (uint8_t)v41_topk_desc(I + (size_t)t * Lmax, Lc, k, o);
-            /* ascending positions, unreachable -> -1 (they sort last) */
-            for (int a = 1; a < k; a++) {
-                int32_t v = o[a];
-                int b = a - 1;
-                while (b >= 0 && o[b] > v) { o[b + 1] = o[b]; b--; }
-                o[b + 1] = v;
-            }
-            for (int a = 0; a < k; a++)
-                if (o[a] >= Lt) o[a] = -1;
-            for (int a = k; a < kmax; a++) o[a] = -1;
+            int Lt = (R->start + i + 1) / m + (early ? 1 : 0);
+            Lts[i] = Lt > Lc ? Lc : Lt;
         }
+        v41_indexer_topk_rows(I + (size_t)R->r0 * Lmax, Lmax, R->n, Lc, k, Lts, F->topk + (size_t)R->r0 * kmax, kmax,
+                              kmax, amb + R->r0);
+        free(Lts);
     }
     LTAP(E, l, "indexer.ambiguous", V41_TAP_U8, amb, 1, T, 0, 0, 0);
     LFORCE(E, l, "indexer.topk", V41_TAP_I32, F->topk, 2, T, kmax, 0);

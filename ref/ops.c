@@ -977,4 +977,24 @@ int v41_topk_desc(const float *s, int n, int k, int32_t *out)
     return amb;
 }
 
+void v41_indexer_topk_rows(const float *scores, int64_t ld, int n, int L, int k, const int *Lt, int32_t *out,
+                           int64_t ldo, int width, uint8_t *amb)
+{
+#pragma omp parallel for schedule(static)
+    for (int i = 0; i < n; i++) {
+        int32_t *o = out + (size_t)i * ldo;
+        amb[i] = (uint8_t)v41_topk_desc(scores + (size_t)i * ld, L, k, o);
+        /* ascending positions, unreachable -> -1 (they sort last) */
+        for (int a = 1; a < k; a++) {
+            int32_t v = o[a];
+            int b = a - 1;
+            while (b >= 0 && o[b] > v) { o[b + 1] = o[b]; b--; }
+            o[b + 1] = v;
+        }
+        for (int a = 0; a < k; a++)
+            if (o[a] >= Lt[i]) o[a] = -1;
+        for (int a = k > 0 ? k : 0; a < width; a++) o[a] = -1;
+    }
+}
+
 float v41_softplusf(float x) { return x > 20.0f ? x : log1pf(expf(x)); }

@@ -61,6 +61,13 @@ void v41_dot_rows(const float *Q, int nq, int64_t ldq, const float *k, int n, fl
 void v41_indexer_scores_rows(const float *q, const float *w, int n, int nI, int dI, const float *keys, int cap,
                              int Lc, const int *Lt, bool relu, bool emu, float *scores, int64_t ld);
 
+/* The indexer's top-k of n rows (SPEC §6): row i of scores (row stride ld, L positions): the k
+ * best (v41_topk_desc: ties to the lower position), sorted ascending, positions >= Lt[i] set
+ * to -1, slots k..width-1 set to -1; amb[i] = 1 when a finite tie straddles the cut.
+ * out rows are ldo apart. The GPU engine replaces it with one kernel call. */
+void v41_indexer_topk_rows(const float *scores, int64_t ld, int n, int L, int k, const int *Lt, int32_t *out,
+                           int64_t ldo, int width, uint8_t *amb);
+
 /* ---- GEMM ---------------------------------------------------------------- */
 
 /* How a Linear computes (SPEC §2):
