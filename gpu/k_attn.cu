@@ -20,7 +20,10 @@
 // both sums (they never touch the normalisation; their key rows are zero-filled), so padding has
 // zero weight. When the list is split across blocks (small batches), per-split partials are merged
 // by a second kernel (exactly the same result when all maxima agree).
+// On compute 9.0 devices, d = 512 with 64-head tiles runs g_sparse_attn_wgmma_kernel instead (wgmma
+// path, described where it is defined below; V41_ATTN_NO_WGMMA=1 forces this kernel).
 #include "g_internal.cuh"
+#include <stdlib.h>
 
 #define AT_MT 64      /* max heads per block (all of V4.1's: the key chunk is gathered once per row);
                          small batches use 32-head tiles (twice the CTAs, each chunk gathered twice) */
@@ -359,6 +362,219 @@ __global__ void g_attn_merge_kernel(const float *__restrict__ part, const float 
     }
 }
 
+// ================================================================================================
+// sm_90a path (wgmma): d = 512, 64-head tiles (MT = 64), any split count NS (same partial format as
+// the kernel above, merged by g_attn_merge_kernel). Used only when the device is compute 9.0 and the
+// binary carries sm_90a code; everything else runs g_sparse_attn_kernel above.
+//
+// Block: 256 threads = 2 warpgroups (WG 0, 1), one CTA per (query row, 64-head tile, list split).
+// Shared memory (base rounded up to 1024 B so every 128-byte-swizzle atom is 1024-byte aligned):
+//   Q     [64 heads x 512] bf16 at 0        (64 KB)
+//   K[0]  [64 keys  x 512] bf16 at 64 KB    (64 KB)  } double buffer: chunk c lives in K[(c - c0) & 1]
+//   K[1]  [64 keys  x 512] bf16 at 128 KB   (64 KB)  }
+//   list  the split's index entries (int32, positions past L = -1) at 192 KB
+// Q and K tiles are stored as 8 column blocks of 64 elements: block kb (columns 64kb..64kb+63) is a
+// [64 rows x 128 B] tile at kb * 8192, row r at r * 128, and the 16-byte chunk j (columns
+// 64kb + 8j..+7) of row r at chunk position j ^ (r % 8) (the 128-byte swizzle, Swizzle<3,4,3>).
+// Every 8 rows of a block are one 1024-byte swizzle atom.
+//
+// GEMM 1 (per WG, both WGs compute the same full S; no cross-WG softmax traffic):
+//   S[64 heads x 64 keys] = Q . K^T, 32 k-steps of wgmma.m64n64k16 (A = Q, B = K, both K-major,
+//   SW128). k-step ks reads columns 16ks..16ks+15 = block ks/4, byte offset (ks%4)*32 inside the
+//   128-byte row: descriptor start = tile + (ks/4)*8192 + (ks%4)*32; SBO = 1024 (next 8 rows);
+//   LBO unused for swizzled K-major (set to 16 B).
+// GEMM 2 (per WG w, its half of d = columns 256w..256w+255 = blocks 4w..4w+3):
+//   O[64 x 256] += P[64 x 64 keys] . V[64 keys x 256], 4 k-steps of wgmma.m64n256k16, A = P from
+//   registers (bf16), B = the same key chunk read MN-major (imm-trans-b = 1): for N-major SW128 the
+//   canonical layout is ((64 elems, n-blocks), (8 k-rows, k-groups)) : ((1, LBO), (128 B, SBO)), so
+//   LBO = 8192 (next 64-column block), SBO = 1024 (next 8 keys); k-step ks (keys 16ks..16ks+15)
+//   starts at tile + (4w)*8192 + ks*16*128.
+// Accumulator fragment of wgmma m64nN (f32): thread (warp w4 = warp % 4, lane = 4g + c) holds
+// d[4i + 0/1] = (row 16 w4 + g, columns 8i + 2c + 0/1) and d[4i + 2/3] = (row 16 w4 + g + 8, same
+// columns). The A-register fragment of m64k16 (bf16) is a0 = (row g, k 2c..2c+1), a1 = (row g+8,
+// k 2c..), a2 = (row g, k 2c+8..), a3 = (row g+8, k 2c+8..), so the S accumulators of keys
+// 16ks..16ks+15 (d[8ks .. 8ks+7]) become P's k-step ks as pack(d0,d1), pack(d2,d3), pack(d4,d5),
+// pack(d6,d7) with no data movement.
+// Pipeline per chunk c (buffer b): cp.async.wait_group 0 + fence.proxy.async (each thread's gathered
+// rows become visible to the async proxy) + __syncthreads (all threads' rows landed, both WGs are
+// done with chunk c-1, whose buffer b^1 is free) -> issue GEMM 1 (async) -> issue the cp.async
+// gather of chunk c+1 into b^1 (overlaps GEMM 1, softmax and GEMM 2) -> wait GEMM 1 -> softmax in
+// registers (scale, -1 entries -> -inf, row max over the quad, corr, p = expf(s - m), l = l*corr +
+// sum p, P = bf16(p)) -> O *= corr -> issue GEMM 2 -> wait (both WGs must be done with buffer b
+// before the next iteration's barrier lets chunk c+2 be gathered into it).
+// The numerics are those of the kernel above: chunks of 64 entries from index 0 of the list, running
+// max from -1e30, fp32 denominator of the unrounded p, bf16 P in the numerator, sink with the final
+// max; only the summation order of the dot products and of the row sums differs.
+// ================================================================================================
+#include "k_attn_wgmma.cuh"
+
+#define AW_THREADS 256
+#define AW_OFF_LIST (3u * 65536u)
+__host__ __device__ static inline size_t aw_smem_bytes(int cps) { return 1024 + AW_OFF_LIST + (size_t)cps * AT_CK * 4; }
+
+__global__ void __launch_bounds__(AW_THREADS, 1)
+g_sparse_attn_wgmma_kernel(const uint16_t *__restrict__ q, const uint16_t *__restrict__ kv_a,
+                           const uint16_t *__restrict__ kv_b, const int32_t *__restrict__ idx, int L, int n_a,
+                           const float *__restrict__ sink, float scale, int H, int chunks_per_split,
+                           uint16_t *__restrict__ o, float *__restrict__ part /* NS>1: [T,tiles,NS,64,514] */)
+{
+#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    constexpr int d = 512, MT = 64;
+    extern __shared__ __align__(1024) unsigned char aw_smem[];
+    const uint32_t sraw = (uint32_t)__cvta_generic_to_shared(aw_smem);
+    const uint32_t sbase = (sraw + 1023u) & ~1023u;
+    unsigned char *gbase = aw_smem + (sbase - sraw);
+    const uint32_t sQ = sbase, sK = sbase + 65536u;
+    int *Vall = (int *)(gbase + AW_OFF_LIST);
+
+    const int t = blockIdx.x, tile = blockIdx.y, split = blockIdx.z, NS = gridDim.z;
+    const int h0 = tile * MT;
+    const int tid = threadIdx.x, wg = tid >> 7, w4 = (tid >> 5) & 3, lane = tid & 31, g = lane >> 2, c4 = lane & 3;
+
+    // Q tile by cp.async into the blocked swizzled layout (rows past H zero-filled)
+#pragma unroll 4
+    for (int k = 0; k < MT * 64 / AW_THREADS; k++) {
+        const int i = tid + k * AW_THREADS, r = i >> 6, cc = i & 63;
+        const bool ok = h0 + r < H;
+        const uint16_t *src = ok ? q + ((size_t)t * H + h0 + r) * d + cc * 8 : q;
+        g_cp_async16(sQ + (cc >> 3) * 8192 + r * 128 + (((cc & 7) ^ (r & 7)) << 4), src, ok ? 16 : 0);
+    }
+    const int nchunks = (L + AT_CK - 1) / AT_CK;
+    const int c0 = split * chunks_per_split, c1 = min(nchunks, c0 + chunks_per_split);
+    const int32_t *row_idx = idx + (size_t)t * L;
+    for (int j = tid; j < (c1 - c0) * AT_CK; j += AW_THREADS) {
+        const int gj = c0 * AT_CK + j;
+        Vall[j] = gj < L ? row_idx[gj] : -1;
+    }
+    __syncthreads();   // the list is visible
+    // cp.async gather of chunk c into buffer b (rows of -1 entries zero-filled)
+    auto prefetch = [&](int c, int b) {
+        const uint32_t Kd = sK + (uint32_t)b * 65536u;
+        const int *Vc = Vall + (c - c0) * AT_CK;
+#pragma unroll 4
+        for (int k = 0; k < AT_CK * 64 / AW_THREADS; k++) {
+            const int i = tid + k * AW_THREADS, j = i >> 6, cc = i & 63, id = Vc[j];
+            const uint16_t *pool = (c * AT_CK + j) < n_a ? kv_a : kv_b;
+            const uint16_t *src = id >= 0 ? pool + (size_t)id * d + cc * 8 : pool;
+            g_cp_async16(Kd + (cc >> 3) * 8192 + j * 128 + (((cc & 7) ^ (j & 7)) << 4), src, id >= 0 ? 16 : 0);
+        }
+        g_cp_commit();
+    };
+    if (c0 < c1) prefetch(c0, 0);
+    else g_cp_commit();
+
+    float oacc[128];
+#pragma unroll
+    for (int i = 0; i < 128; i++) oacc[i] = 0.0f;
+    float m0 = AT_NEG, m1 = AT_NEG, l0 = 0.0f, l1 = 0.0f;   /* rows 16 w4 + g and + 8 */
+    const uint64_t dQ = aw_desc(sQ, 16, 1024);                               /* K-major, SW128 */
+    const uint64_t dK0 = aw_desc(sK, 16, 1024);                              /* buffer 0, K-major */
+    const uint64_t dV0 = aw_desc(sK + (uint32_t)wg * 4 * 8192, 8192, 1024);  /* buffer 0, N-major, this WG's half */
+
+    for (int c = c0; c < c1; c++) {
+        const int b = (c - c0) & 1;
+        const int *Vs = Vall + (c - c0) * AT_CK;
+        const uint64_t boff = (uint64_t)(b * 65536) >> 4;   /* buffer offset in descriptor units */
+        g_cp_wait<0>();
+        aw_fence_proxy_async();
+        __syncthreads();   // chunk c (and Q) landed for every thread; both WGs are done with chunk c-1
+        // GEMM 1: S = Q . K^T (async)
+        float s[32];
+#pragma unroll
+        for (int i = 0; i < 32; i++) s[i] = 0.0f;
+        aw_fence_regs(s);
+        aw_wgmma_fence();
+#pragma unroll
+        for (int ks = 0; ks < d / 16; ks++) {
+            const uint64_t koff = (uint64_t)((ks >> 2) * 8192 + (ks & 3) * 32) >> 4;
+            aw_mma_ss_n64(s, dQ + koff, dK0 + boff + koff, ks > 0);
+        }
+        aw_wgmma_commit();
+        // gather chunk c+1 into the other buffer while the tensor cores work
+        if (c + 1 < c1) prefetch(c + 1, b ^ 1);
+        aw_wgmma_wait<0>();
+        aw_fence_regs(s);
+        // scale, mask (-1 entries: -inf, never in the max), row max over the quad (lanes 4g..4g+3)
+        float mx0 = -INFINITY, mx1 = -INFINITY;
+#pragma unroll
+        for (int i = 0; i < 8; i++)
+#pragma unroll
+            for (int j = 0; j < 2; j++) {
+                const bool v = Vs[8 * i + 2 * c4 + j] >= 0;
+                s[4 * i + j] = v ? s[4 * i + j] * scale : -INFINITY;
+                s[4 * i + 2 + j] = v ? s[4 * i + 2 + j] * scale : -INFINITY;
+                mx0 = fmaxf(mx0, s[4 * i + j]);
+                mx1 = fmaxf(mx1, s[4 * i + 2 + j]);
+            }
+#pragma unroll
+        for (int o2 = 1; o2 <= 2; o2 <<= 1) {
+            mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, o2));
+            mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, o2));
+        }
+        const float mn0 = fmaxf(m0, mx0), mn1 = fmaxf(m1, mx1);
+        const float corr0 = expf(m0 - mn0), corr1 = expf(m1 - mn1);
+        m0 = mn0; m1 = mn1;
+        // probabilities (masked entries: expf(-inf) = 0 exactly), fp32 sums, bf16 P in the A fragment
+        uint32_t pa[16];
+        float ps0 = 0.0f, ps1 = 0.0f;
+#pragma unroll
+        for (int i = 0; i < 8; i++) {
+            const float p0 = expf(s[4 * i + 0] - mn0), p1 = expf(s[4 * i + 1] - mn0);
+            const float p2 = expf(s[4 * i + 2] - mn1), p3 = expf(s[4 * i + 3] - mn1);
+            ps0 += p0 + p1; ps1 += p2 + p3;
+            pa[2 * i] = (uint32_t)g_f2bf(p0) | ((uint32_t)g_f2bf(p1) << 16);       /* row g */
+            pa[2 * i + 1] = (uint32_t)g_f2bf(p2) | ((uint32_t)g_f2bf(p3) << 16);   /* row g + 8 */
+        }
+#pragma unroll
+        for (int o2 = 1; o2 <= 2; o2 <<= 1) {
+            ps0 += __shfl_xor_sync(0xffffffffu, ps0, o2);
+            ps1 += __shfl_xor_sync(0xffffffffu, ps1, o2);
+        }
+        l0 = l0 * corr0 + ps0; l1 = l1 * corr1 + ps1;
+        // GEMM 2: O = O*corr + P.V over this WG's 256 columns
+#pragma unroll
+        for (int i = 0; i < 32; i++) {
+            oacc[4 * i + 0] *= corr0; oacc[4 * i + 1] *= corr0;
+            oacc[4 * i + 2] *= corr1; oacc[4 * i + 3] *= corr1;
+        }
+        aw_fence_regs(pa);
+        aw_fence_regs(oacc);
+        aw_wgmma_fence();
+#pragma unroll
+        for (int ks = 0; ks < AT_CK / 16; ks++)   /* keys 16ks..: S accumulators i = 2ks, 2ks+1 */
+            aw_mma_rs_n256_tb(oacc, pa[4 * ks + 0], pa[4 * ks + 1], pa[4 * ks + 2], pa[4 * ks + 3],
+                              dV0 + boff + ((uint64_t)(ks * 16 * 128) >> 4));
+        aw_wgmma_commit();
+        aw_wgmma_wait<0>();
+        aw_fence_regs(oacc);
+    }
+    g_cp_wait<0>();
+    // epilogue: this thread holds rows 16 w4 + g (+8) x columns 256 wg + 8i + 2 c4 (+1), i < 32
+#pragma unroll
+    for (int hf = 0; hf < 2; hf++) {
+        const int r = 16 * w4 + g + 8 * hf;
+        const float m = hf ? m1 : m0;
+        float l = hf ? l1 : l0;
+        if (NS == 1) {
+            if (h0 + r >= H) continue;
+            if (sink) l += expf(sink[h0 + r] - m);
+            const float inv = l > 0.0f ? 1.0f / l : 0.0f;
+            uint16_t *orow = o + ((size_t)t * H + h0 + r) * d + wg * 256 + 2 * c4;
+#pragma unroll
+            for (int i = 0; i < 32; i++)
+                *(uint32_t *)(orow + 8 * i) = (uint32_t)g_f2bf(oacc[4 * i + 2 * hf] * inv) |
+                                              ((uint32_t)g_f2bf(oacc[4 * i + 2 * hf + 1] * inv) << 16);
+        } else {
+            float *pp = part + ((((size_t)t * gridDim.y + tile) * NS + split) * MT + r) * (d + 2);
+#pragma unroll
+            for (int i = 0; i < 32; i++)
+                *(float2 *)(pp + wg * 256 + 8 * i + 2 * c4) = make_float2(oacc[4 * i + 2 * hf], oacc[4 * i + 2 * hf + 1]);
+            if (wg == 0 && c4 == 0) { pp[d] = m; pp[d + 1] = l; }
+        }
+    }
+#endif
+}
+
 template <int DD, int MT>
 static int attn_launch(dim3 grid, size_t sm, cudaStream_t st, const uint16_t *q, const uint16_t *kv_a,
                        const uint16_t *kv_b, const int32_t *idx, int L, int n_a, const float *sink, float scale, int H,
@@ -369,6 +585,27 @@ static int attn_launch(dim3 grid, size_t sm, cudaStream_t st, const uint16_t *q,
     g_sparse_attn_kernel<DD, MT><<<grid, AT_THREADS, sm, st>>>(q, kv_a, kv_b, idx, L, n_a, sink, scale, H, cps, o, part);
     G_LAUNCHED();
     return 0;
+}
+
+// The wgmma path runs only on a compute 9.0 device whose loaded code for it is the sm_90a build
+// (a PTX-only build compiles the kernel body away: few registers), when its shared memory fits, and
+// unless V41_ATTN_NO_WGMMA is set (A/B comparisons against the mma.sync kernel).
+static bool aw_usable(int dev, int cps)
+{
+    static int ok = -1;   /* -1 unknown, 0 no, 1 yes */
+    static int smem_optin = 0;
+    if (ok < 0) {
+        int maj = 0, mnr = 0;
+        cudaDeviceGetAttribute(&maj, cudaDevAttrComputeCapabilityMajor, dev);
+        cudaDeviceGetAttribute(&mnr, cudaDevAttrComputeCapabilityMinor, dev);
+        cudaDeviceGetAttribute(&smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev);
+        cudaFuncAttributes fa;
+        const char *env = getenv("V41_ATTN_NO_WGMMA");
+        ok = maj == 9 && mnr == 0 && !(env && env[0] && env[0] != '0') &&
+             cudaFuncGetAttributes(&fa, g_sparse_attn_wgmma_kernel) == cudaSuccess && fa.numRegs >= 128;
+        (void)cudaGetLastError();
+    }
+    return ok == 1 && aw_smem_bytes(cps) <= (size_t)smem_optin;
 }
 
 extern "C" int v41g_sparse_attn(const uint16_t *q, const uint16_t *kv_a, const uint16_t *kv_b,
@@ -398,6 +635,22 @@ extern "C" int v41g_sparse_attn(const uint16_t *q, const uint16_t *kv_a, const u
         if (best < 0 || cost < best) { best = cost; NS = nse; cps = c; }
     }
     at_smem Ly = at_layout(d, cps, MT);
+    if (d == 512 && MT == 64 && aw_usable(dev, cps)) {   // sm_90a wgmma path (see above)
+        float *part = NULL;
+        if (NS > 1) G_CHECK(g_tmp_alloc((void **)&part, sizeof(float) * (size_t)T * tiles * NS * MT * (d + 2), st));
+        const size_t sm = aw_smem_bytes(cps);
+        G_CHECK(cudaFuncSetAttribute(g_sparse_attn_wgmma_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sm));
+        G_CHECK(cudaFuncSetAttribute(g_sparse_attn_wgmma_kernel, cudaFuncAttributePreferredSharedMemoryCarveout, 100));
+        g_sparse_attn_wgmma_kernel<<<dim3(T, tiles, NS), AW_THREADS, sm, st>>>(q, kv_a, kv_b, idx, L, n_a, sink, scale,
+                                                                               H, cps, o, part);
+        G_LAUNCHED();
+        if (NS > 1) {
+            g_attn_merge_kernel<<<dim3(T, H), 128, 0, st>>>(part, sink, H, d, tiles, NS, MT, o);
+            G_LAUNCHED();
+            G_CHECK(cudaFreeAsync(part, st));
+        }
+        return 0;
+    }
     float *part = NULL;
     if (NS > 1) G_CHECK(g_tmp_alloc((void **)&part, sizeof(float) * (size_t)T * tiles * NS * MT * (d + 2), st));
     dim3 grid(T, tiles, NS);
