@@ -70,25 +70,51 @@ extern "C" int v41g_hc_split_fn(const float *fn, int h, int D, uint16_t *fn2, v4
     return 0;
 }
 
-// One warp per token: mixes m = (hi + lo parts) * rsqrt(mean X^2 + eps), then pre/post/comb.
-template <int H>
-__global__ void g_hc_finish_kernel(const float *__restrict__ m2 /*[T, 2NM]*/, const uint16_t *__restrict__ X, int T,
-                                   int D, const float *__restrict__ base, const float *__restrict__ sc,
-                                   float norm_eps, float hc_eps, int iters, float *pre, float *post, float *comb)
+// Per-token RMS factor r[t] = 1/sqrt(mean X^2 + eps), one warp per token, exactly the order
+// g_hc_finish_kernel used when it computed it itself: lane L accumulates ss = fma(f, f, ss)
+// over its elements L*8 + 256*i + j in increasing i then j, then the xor butterfly of
+// g_warp_sum, lane 0's value. The lane's 16-byte loads are issued HC_RB at a time (they were
+// 4 at a time: ~20 dependent round trips per token at 20480 elements, and one token a warp
+// is only ~31 warps an SM): 10 round trips, ~4 KiB in flight per warp. n % 256 == 0.
+#define HC_RB 8
+__global__ void __launch_bounds__(128, 8) g_hc_rms_kernel(const uint16_t *__restrict__ X, int T, int n, float norm_eps,
+                                                       float *__restrict__ rr)
 {
-    constexpr int NM = (2 + H) * H;
     int t = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5), lane = threadIdx.x & 31;
     if (t >= T) return;
-    const uint16_t *x = X + (size_t)t * H * D;
+    const uint16_t *x = X + (size_t)t * n + lane * 8;
+    const int nv = n >> 8;   // 16-byte vectors per lane
     float ss = 0.0f;
-    for (int k = lane * 8; k < H * D; k += 256) {
-        uint4 v = *(const uint4 *)(x + k);
+    int i = 0;
+    for (; i + HC_RB <= nv; i += HC_RB) {
+        uint4 v[HC_RB];
 #pragma unroll
-        for (int j = 0; j < 8; j++) { float f = g_bf2f(((const uint16_t *)&v)[j]); ss += f * f; }
+        for (int u = 0; u < HC_RB; u++) v[u] = __ldg((const uint4 *)(x + (size_t)(i + u) * 256));
+#pragma unroll
+        for (int u = 0; u < HC_RB; u++)
+#pragma unroll
+            for (int j = 0; j < 8; j++) { float f = g_bf2f(((const uint16_t *)&v[u])[j]); ss = __fmaf_rn(f, f, ss); }
+    }
+    for (; i < nv; i++) {
+        uint4 v = __ldg((const uint4 *)(x + (size_t)i * 256));
+#pragma unroll
+        for (int j = 0; j < 8; j++) { float f = g_bf2f(((const uint16_t *)&v)[j]); ss = __fmaf_rn(f, f, ss); }
     }
     ss = g_warp_sum(ss);
-    if (lane) return;
-    float r = 1.0f / sqrtf(ss / (float)(H * D) + norm_eps);
+    if (lane == 0) rr[t] = 1.0f / sqrtf(ss / (float)n + norm_eps);
+}
+
+// One thread per token: mixes m = (hi + lo parts) * r, then pre/post/comb (the arithmetic of the
+// former one-warp-per-token kernel's lane 0, unchanged).
+template <int H>
+__global__ void g_hc_finish_kernel(const float *__restrict__ m2 /*[T, 2NM]*/, const float *__restrict__ rr, int T,
+                                   const float *__restrict__ base, const float *__restrict__ sc, float hc_eps,
+                                   int iters, float *pre, float *post, float *comb)
+{
+    constexpr int NM = (2 + H) * H;
+    int t = blockIdx.x * blockDim.x + threadIdx.x;
+    if (t >= T) return;
+    float r = rr[t];
     float m[NM];
     const float *mr = m2 + (size_t)t * 2 * NM;
 #pragma unroll
@@ -106,25 +132,61 @@ __global__ void g_hc_finish_kernel(const float *__restrict__ m2 /*[T, 2NM]*/, co
         for (int j = 0; j < H; j++) comb[(size_t)t * H * H + i * H + j] = C[i][j];
 }
 
+// The RMS factors need a second full pass over X (T x hD bf16: 168 MB at T = 4096); it runs on
+// a side stream, forked from and joined back into the caller's stream with events (as in
+// k_moe.cu), concurrently with the cuBLAS GEMM's pass. Per host thread, created once; where
+// they cannot be created the pass runs on the caller's stream.
+struct hc_side {
+    cudaStream_t s = NULL;
+    cudaEvent_t fork = NULL, join = NULL;
+    hc_side() {
+        static thread_local cudaStream_t ts = NULL;
+        static thread_local cudaEvent_t tf = NULL, tj = NULL;
+        if (!ts) cudaStreamCreateWithFlags(&ts, cudaStreamNonBlocking);
+        if (!tf) cudaEventCreateWithFlags(&tf, cudaEventDisableTiming);
+        if (!tj) cudaEventCreateWithFlags(&tj, cudaEventDisableTiming);
+        cudaGetLastError();   // (a failed creation leaves NULL: handled by the caller)
+        s = ts; fork = tf; join = tj;
+    }
+    bool ok() const { return s && fork && join; }
+};
+
 extern "C" int v41g_hc_mixes2(const uint16_t *X, const uint16_t *fn2, const float *base, const float *scale3,
                               int T, int h, int D, float norm_eps, float hc_eps, int iters,
                               float *pre, float *post, float *comb, v41g_stream s)
 {
     if (T <= 0) return 0;
     if ((h * D) % 256) return (int)cudaErrorInvalidValue;
+    if (h != 1 && h != 2 && h != 4) return (int)cudaErrorInvalidValue;
     cudaStream_t st = G_STREAM(s);
     int NM = (2 + h) * h;
     float *m2 = NULL;
-    G_CHECK(g_tmp_alloc((void **)&m2, sizeof(float) * (size_t)T * 2 * NM, st));
+    G_CHECK(g_tmp_alloc((void **)&m2, sizeof(float) * ((size_t)T * 2 * NM + T), st));
+    float *rr = m2 + (size_t)T * 2 * NM;   // [T] RMS factors
+    unsigned gr = (unsigned)((T + 3) / 4);
+    hc_side side;
+    if (side.ok()) {
+        G_CHECK(cudaEventRecord(side.fork, st));
+        G_CHECK(cudaStreamWaitEvent(side.s, side.fork, 0));
+        g_hc_rms_kernel<<<gr, 128, 0, side.s>>>(X, T, h * D, norm_eps, rr);
+        cudaError_t e = cudaGetLastError();
+        // join unconditionally (an open fork would invalidate a stream capture)
+        G_CHECK(cudaEventRecord(side.join, side.s));
+        G_CHECK(cudaStreamWaitEvent(st, side.join, 0));
+        G_CHECK(e);
+    }
     // m2[T, 2NM] = X[T, hD] . fn2[2NM, hD]^T (bf16 x bf16, fp32 accumulate and out)
     int rc = v41g_gemm_bf16(X, fn2, m2, T, 2 * NM, h * D, 1, 1, 0, 0, 0, s);
     if (rc) return rc;
-    unsigned g = (unsigned)((T + 3) / 4);
+    if (!side.ok()) {
+        g_hc_rms_kernel<<<gr, 128, 0, st>>>(X, T, h * D, norm_eps, rr);
+        G_LAUNCHED();
+    }
+    unsigned g = (unsigned)((T + 63) / 64);
     switch (h) {
-    case 1: g_hc_finish_kernel<1><<<g, 128, 0, st>>>(m2, X, T, D, base, scale3, norm_eps, hc_eps, iters, pre, post, comb); break;
-    case 2: g_hc_finish_kernel<2><<<g, 128, 0, st>>>(m2, X, T, D, base, scale3, norm_eps, hc_eps, iters, pre, post, comb); break;
-    case 4: g_hc_finish_kernel<4><<<g, 128, 0, st>>>(m2, X, T, D, base, scale3, norm_eps, hc_eps, iters, pre, post, comb); break;
-    default: return (int)cudaErrorInvalidValue;
+    case 1: g_hc_finish_kernel<1><<<g, 64, 0, st>>>(m2, rr, T, base, scale3, hc_eps, iters, pre, post, comb); break;
+    case 2: g_hc_finish_kernel<2><<<g, 64, 0, st>>>(m2, rr, T, base, scale3, hc_eps, iters, pre, post, comb); break;
+    default: g_hc_finish_kernel<4><<<g, 64, 0, st>>>(m2, rr, T, base, scale3, hc_eps, iters, pre, post, comb); break;
     }
     G_LAUNCHED();
     G_CHECK(cudaFreeAsync(m2, st));
