@@ -30,6 +30,7 @@ int main(void)
 }
 #else
 #include "v41_gpu.h"
+#include "test_gpu_probe.h"
 #include "gpu_cpu_ref.h"
 
 static uint64_t rng_state;
@@ -508,16 +509,6 @@ static Suite *gpu_suite(void)
     return s;
 }
 
-/* Decide the skip in a child so the parent (which forks the tests) never initialises CUDA. */
-static int gpu_present(void)
-{
-    pid_t p = fork();
-    if (p < 0) return 0;
-    if (p == 0) _exit(v41g_device_count() > 0 ? 0 : 1);
-    int st = 0;
-    if (waitpid(p, &st, 0) < 0) return 0;
-    return WIFEXITED(st) && WEXITSTATUS(st) == 0;
-}
 
 int main(void)
 {

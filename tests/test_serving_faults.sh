@@ -11,6 +11,8 @@
 #   dspark-padding-counted the padded width enters the DSpark softmax denominator
 #                          -> layer 7 (DSpark stage 0) dspark
 # ref vs ref is deterministic: exact comparison (atol = rtol = 0).
+# V41_FAULTS_ENGINE=gpu runs the same list as gpu vs gpu (tests/test_serving_gpu.sh does: same GEMM
+# shapes on both sides, so everything before the fault is bitwise identical there too).
 set -u
 B=${V41_BUILDDIR:-.}
 V41=$B/harness/v41
@@ -20,16 +22,17 @@ T=$(mktemp -d "${TMPDIR:-/tmp}/v41srvfaults.XXXXXX") || exit 99
 trap 'rm -rf "$T"' EXIT
 export OMP_NUM_THREADS=1 V41_DSPARK_ALIGN=64
 R="--threads 1 --random-prompts 2:14 --steps 1 --dspark"
+E=${V41_FAULTS_ENGINE:-ref}
 nfail=0
 while read -r f layer sub; do
-  "$V41" bisect --a ref --b ref --inject "$f" $R --atol 0 --rtol 0 --json >"$T/b.json" 2>"$T/err"
+  "$V41" bisect --a "$E" --b "$E" --inject "$f" $R --atol 0 --rtol 0 --json >"$T/b.json" 2>"$T/err"
   rc=$?
   if [ $rc != 1 ]; then echo "FAIL $f: bisect exit $rc (want 1)"; cat "$T/err"; nfail=$((nfail + 1)); continue; fi
   got=$("$PY" -c "
 import json; d = json.load(open('$T/b.json'))['first_local_failure']
 print(d['layer'], d['sublayer'], d['tap']) if d else print('none none none')")
   set -- $got
-  if [ "$1" = "$layer" ] && [ "$2" = "$sub" ]; then echo "ok   $f -> layer $1 $2 ($3)"
+  if [ "$1" = "$layer" ] && [ "$2" = "$sub" ]; then echo "ok   $E/$E $f -> layer $1 $2 ($3)"
   else echo "FAIL $f: first local failure '$got', want layer $layer $sub"; nfail=$((nfail + 1)); fi
 done <<'LIST'
 swa-not-floored 5 attention
@@ -39,7 +42,7 @@ swa-not-floored@6 6 attention
 dspark-padding-counted@8 8 dspark
 LIST
 # prompts no longer than W: nothing is trimmed, the replay faults have nothing to act on
-"$V41" bisect --a ref --b ref --inject swa-not-floored --threads 1 --random-prompts 2:8 --steps 1 --atol 0 --rtol 0 \
+"$V41" bisect --a "$E" --b "$E" --inject swa-not-floored --threads 1 --random-prompts 2:8 --steps 1 --atol 0 --rtol 0 \
   --json >"$T/b.json" 2>"$T/err"
 rc=$?
 [ $rc = 0 ] || { echo "FAIL swa-not-floored on prompts <= W: bisect exit $rc (want 0: no difference)"; nfail=$((nfail + 1)); }

@@ -110,32 +110,14 @@ else
   fail "replay-study --engine gpu 2:24: exit $?"; cat "$T/err"
 fi
 
-# 3. bisect gpu vs gpu localizes the serving faults (exact comparison)
-export V41_DSPARK_ALIGN=64
-R="--threads 1 --random-prompts 2:14 --steps 1 --dspark"
-while read -r f layer sub; do
-  "$V41" bisect --a gpu --b gpu --inject "$f" $R --atol 0 --rtol 0 --json >"$T/b.json" 2>"$T/err"
-  rc=$?
-  if [ $rc != 1 ]; then fail "$f: bisect --a gpu --b gpu exit $rc (want 1)"; cat "$T/err"; continue; fi
-  got=$("$PY" -c "
-import json; d = json.load(open('$T/b.json'))['first_local_failure']
-print(d['layer'], d['sublayer'], d['tap']) if d else print('none none none')")
-  set -- $got
-  if [ "$1" = "$layer" ] && [ "$2" = "$sub" ]; then echo "ok   bisect gpu/gpu $f -> layer $1 $2 ($3)"
-  else fail "$f: bisect gpu/gpu first local failure '$got', want layer $layer $sub"; fi
-done <<'LIST'
-swa-not-floored 5 attention
-replay-rows-misaligned 4 attention
-dspark-padding-counted 7 dspark
-swa-not-floored@6 6 attention
-dspark-padding-counted@8 8 dspark
-LIST
-# prompts no longer than W: nothing is trimmed, the replay faults have nothing to act on (bitwise equal)
-"$V41" bisect --a gpu --b gpu --inject swa-not-floored --threads 1 --random-prompts 2:8 --steps 1 --atol 0 --rtol 0 \
-  --json >"$T/b.json" 2>"$T/err"
-rc=$?
-if [ $rc = 0 ]; then echo "ok   bisect gpu/gpu swa-not-floored on prompts <= W: no difference"
-else fail "swa-not-floored on prompts <= W: bisect --a gpu --b gpu exit $rc (want 0: no difference)"; cat "$T/err"; fi
+# 3. bisect gpu vs gpu localizes the serving faults (exact comparison): the list and the checks
+#    of tests/test_serving_faults.sh, run with both sides on the GPU engine
+S=${V41_SRCDIR:-$(dirname "$0")/..}
+if V41_FAULTS_ENGINE=gpu sh "$S/tests/test_serving_faults.sh" >"$T/faults.out" 2>&1; then
+  sed 's/^/     /' "$T/faults.out"
+else
+  fail "bisect --a gpu --b gpu did not localize every serving fault:"; cat "$T/faults.out"
+fi
 [ $nfail = 0 ] || { echo "test_serving_gpu.sh: $nfail failure(s)"; exit 1; }
 echo "test_serving_gpu.sh: ok"
 exit 0

@@ -88,6 +88,7 @@ int main(void)
 #define V41_TEST_SKIP_ALL 1
 #else
 #include "v41_gpu.h"
+#include "test_gpu_probe.h"
 #endif
 #define ENGINE "gpu"
 #define SHAPE_EXACT 0 /* results of runs with different GEMM shapes: within TOL (header) */
@@ -793,16 +794,6 @@ START_TEST(test_dspark_padding_op)
 }
 END_TEST
 
-/* Decide the skip in a child so the parent (which forks the tests) never initialises CUDA. */
-static int gpu_present(void)
-{
-    pid_t p = fork();
-    if (p < 0) return 0;
-    if (p == 0) _exit(v41g_device_count() > 0 ? 0 : 1);
-    int st = 0;
-    if (waitpid(p, &st, 0) < 0) return 0;
-    return WIFEXITED(st) && WEXITSTATUS(st) == 0;
-}
 #endif
 
 int main(void)
