@@ -47,6 +47,31 @@ assert v["schema"] == "v41-sim-validate/1" and v["steps"] >= 4 and v["evaluated"
 assert all(p >= 0 for _, p in v["per_step"]) and v["median_abs_rel_err"] >= 0, v
 print("sim --validate: %d steps, held-out median error %.1f%%" % (v["steps"], 100 * v["median_abs_rel_err"]))
 PYEOF
+# --fit-from: the cost model fitted on another run (plain.json) and evaluated on every step of spec.json
+# (all steps evaluated, the measured column is spec.json's step times, NNLS coefficients >= 0)
+"$V41" sim --validate "$tmp/spec.json" --fit-from "$tmp/plain.json" --json > "$tmp/val2.json"
+"$PY" - "$tmp/val2.json" "$tmp/spec.json" <<'PYEOF'
+import json, sys
+v = json.load(open(sys.argv[1])); sp = json.load(open(sys.argv[2]))
+assert v["evaluated"] == v["steps"] == len(sp["steps"]), (v["evaluated"], v["steps"], len(sp["steps"]))
+assert "fitted on every step of" in v["rates"], v["rates"]
+f = v["fit"]
+assert all(f[k] >= 0 for k in f), ("NNLS coefficients must be non-negative", f)
+meas = [m for m, _ in v["per_step"]]
+assert meas == [s["seconds"] for s in sp["steps"]], "measured seconds are the serve-trace step times"
+print("sim --validate --fit-from: %d steps, median error %.1f%%" % (v["steps"], 100 * v["median_abs_rel_err"]))
+PYEOF
+# bad input: a missing or foreign calibration file is an error naming it (exit 2)
+for bad in "$tmp/none.json" "$tmp/bad.jsonl"; do
+  [ "$bad" = "$tmp/bad.jsonl" ] && printf '{"schema": "something-else"}\n' > "$bad"
+  set +e
+  "$V41" sim --validate "$tmp/spec.json" --fit-from "$bad" 2>"$tmp/err" >/dev/null
+  rc=$?
+  set -e
+  [ $rc -eq 2 ] || { echo "sim --validate --fit-from $bad: exit $rc, want 2"; exit 1; }
+  grep -q "$(basename "$bad")" "$tmp/err" || { echo "error does not name the file:"; cat "$tmp/err"; exit 1; }
+done
+echo "sim --validate --fit-from: bad calibration files rejected"
 printf '{"timestamp": 0, "input_length": 10, "output_length": 2, "hash_ids": [1]}\n{"timestamp": 1, "input_length": "x"}\n' > "$tmp/bad.jsonl"
 set +e
 "$V41" serve-trace --trace "$tmp/bad.jsonl" --limit 2 2>"$tmp/err"
