@@ -17,7 +17,8 @@ static void usage(FILE *f)
 "       v41 sim --synth SPEC --write-trace FILE write the synthetic trace as Mooncake JSONL\n"
 "       v41 sim ... --sweep 'P=v1,v2;Q=...' --out DIR [--sweep-index I|all]\n"
 "       v41 sim --merge DIR... [--merge-out FILE.csv]\n"
-"       v41 sim --validate SERVE.json [--profile P | --fit]   predicted vs measured step latency\n"
+"       v41 sim --validate SERVE.json [--profile P] [--fit | --fit-from CAL | --calibration FIT]\n"
+"                                               predicted vs measured step latency\n"
 "\n"
 "Discrete-event simulation of continuous-batching replicas serving a trace, with\n"
 "per-step cost from the model's FLOP/byte counts and measured or roofline rates.\n"
@@ -34,6 +35,9 @@ static void usage(FILE *f)
 "model and cost:\n"
 "  --model M               flash (default, SPEC §1 V4.1-Flash) | tiny | CONFIG.json | checkpoint dir\n"
 "  --profile FILE          measured rates, schema v41-profile/1 (default: H200 roofline)\n"
+"  --calibration FILE      calibrated step time: the --json output of `v41 sim --validate\n"
+"                          ... --fit|--fit-from` (c0 + per-class multipliers + per-row and\n"
+"                          per-request terms); for engines with host overheads\n"
 "  --gpus N|auto           GPUs per replica (auto: weights fit in 60%% of HBM)\n"
 "  --launch-us X           per-kernel launch overhead of the roofline model (default 2)\n"
 "server:\n"
@@ -92,7 +96,8 @@ static int parse_i64(const char *s, int64_t lo, int64_t *out)
 typedef struct cli {
     v41_sim_opts o;
     v41_profile prof;
-    const char *trace, *format, *synth, *write_trace, *model, *profile, *out;
+    v41_calib calib;
+    const char *trace, *format, *synth, *write_trace, *model, *profile, *calibration, *out;
     bool lenient, json;
     int progress;  /* -1 auto */
 } cli;
@@ -105,6 +110,7 @@ static int bad(const char *opt, const char *val, const char *what)
 
 /* Options that take a value (the sweep reuses this list for param names). */
 static const char *valopts[] = {"trace", "format", "limit", "synth", "write-trace", "block-tokens", "model", "profile",
+                                "calibration",
                                 "gpus", "launch-us", "replay", "dspark", "accept", "replicas", "router",
                                 "token-budget", "max-seqs", "kv-capacity", "seed", "out", "sample-dt", NULL};
 
@@ -144,6 +150,7 @@ static int parse(int argc, char **argv, cli *c)
             c->o.block_tokens = n;
         } else if (!strcmp(a, "--model")) c->model = v;
         else if (!strcmp(a, "--profile")) c->profile = strcmp(v, "none") ? v : NULL;
+        else if (!strcmp(a, "--calibration")) c->calibration = strcmp(v, "none") ? v : NULL;
         else if (!strcmp(a, "--gpus")) {
             if (!strcmp(v, "auto")) c->o.hw.gpus = 0;
             else if (parse_i64(v, 1, &n) || n > 4096) return bad(a, v, "expected auto or an integer >= 1");
@@ -232,6 +239,14 @@ static int run_one(cli *c, const char *params_json)
             return 2;
         }
         c->o.profile = &c->prof;
+    }
+    if (c->calibration) {
+        if (v41_calib_load(c->calibration, &c->calib, &err)) {
+            fprintf(stderr, "v41 sim: %s\n", err.msg);
+            v41_trace_close(tr);
+            return 2;
+        }
+        c->o.calib = &c->calib;
     }
     c->o.progress = c->progress < 0 ? v41_isatty_stderr() : c->progress;
     v41_sim_out *out = NULL;

@@ -27,7 +27,8 @@
 
 static void usage(FILE *f)
 {
-    fprintf(f, "usage: v41 sim --validate SERVE.json [--model M] [--profile P.json] [--fit | --fit-from CAL.json] [--json]\n\n"
+    fprintf(f, "usage: v41 sim --validate SERVE.json [--model M] [--profile P.json]\n"
+               "                           [--fit | --fit-from CAL.json | --calibration FIT.json] [--json]\n\n"
                "Predicted vs measured step latency of a `v41 serve-trace --json` run.\n"
                "  --model M     model config (default: the one recorded in SERVE.json)\n"
                "  --profile P   measured rates (v41-profile/1, e.g. `v41 bench gpu --json P`)\n"
@@ -35,6 +36,8 @@ static void usage(FILE *f)
                "                steps by non-negative least squares; report the error on the odd steps\n"
                "  --fit-from C  the same fit on every step of another serve-trace run C (a calibration set of\n"
                "                batch mixes), evaluated on every step of SERVE.json\n"
+               "  --calibration F  apply a fit made earlier (F = the --json output of --fit or --fit-from),\n"
+               "                evaluated on every step (what `v41 sim --calibration F` uses)\n"
                "  (with --profile, T_k are the profile's op-class times, else the roofline's)\n"
                "Reports the median and p90 of |predicted - measured| / measured. Exit: 0 ok, 2 error.\n");
 }
@@ -208,7 +211,7 @@ static int load_steps(const char *path, const cJSON *j, v41_cost_model *cm, step
 
 int v41_sim_validate(int argc, char **argv)
 {
-    const char *path = NULL, *model = NULL, *profile = NULL, *fit_from = NULL;
+    const char *path = NULL, *model = NULL, *profile = NULL, *fit_from = NULL, *calibration = NULL;
     bool fit = false, json = false;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--validate") && i + 1 < argc) path = argv[++i];
@@ -216,12 +219,17 @@ int v41_sim_validate(int argc, char **argv)
         else if (!strcmp(argv[i], "--profile") && i + 1 < argc) profile = argv[++i];
         else if (!strcmp(argv[i], "--fit")) fit = true;
         else if (!strcmp(argv[i], "--fit-from") && i + 1 < argc) fit_from = argv[++i];
+        else if (!strcmp(argv[i], "--calibration") && i + 1 < argc) calibration = argv[++i];
         else if (!strcmp(argv[i], "--json")) json = true;
         else if (!strcmp(argv[i], "--help")) { usage(stdout); return 0; }
         else { fprintf(stderr, "v41 sim --validate: unexpected argument '%s'\n", argv[i]); usage(stderr); return 2; }
     }
     if (!path) { usage(stderr); return 2; }
     if (fit && fit_from) { fprintf(stderr, "v41 sim --validate: --fit and --fit-from exclude each other\n"); return 2; }
+    if (calibration && (fit || fit_from)) {
+        fprintf(stderr, "v41 sim --validate: --calibration applies a fit already made; it excludes --fit and --fit-from\n");
+        return 2;
+    }
     if (fit_from) fit = true;
     v41_err err = {0};
     v41_config cfg;
@@ -244,6 +252,8 @@ int v41_sim_validate(int argc, char **argv)
         rc = prof ? v41_profile_load(profile, prof, &err) : v41_err_set(&err, V41_ENOMEM, "out of memory");
     }
     if (!rc) rc = v41_cost_create(&cfg, &hw, prof, &cm, &err);
+    v41_calib cal;
+    if (!rc && calibration && !(rc = v41_calib_load(calibration, &cal, &err))) v41_cost_set_calib(cm, &cal);
     if (!rc) rc = load_steps(path, j, cm, &V, &err);
     if (!rc && fit_from) {
         cJSON *jc = NULL;
@@ -303,6 +313,7 @@ int v41_sim_validate(int argc, char **argv)
     const char *base = profile ? profile : "H200 roofline";
     if (fit_from) snprintf(how, sizeof how, "%s op-class times, fitted on every step of %s (%d steps), evaluated on every step", base, fit_from, C.n);
     else if (fit) snprintf(how, sizeof how, "%s op-class times, fitted on the even steps, evaluated on the odd steps", base);
+    else if (calibration) snprintf(how, sizeof how, "%s op-class times, calibrated by %s", base, calibration);
     else snprintf(how, sizeof how, "%s", base);
     if (json) {
         cJSON *o = cJSON_CreateObject();

@@ -635,6 +635,7 @@ int v41_sim_run(const v41_sim_opts *o, v41_trace *tr, const v41_sim_sinks *sinks
     res->gpus = hw.gpus;
     int rc = v41_cost_create(&o->cfg, &hw, o->profile, &s->cm, err);
     if (rc) return rc;
+    v41_cost_set_calib(s->cm, o->calib);
     s->cap = o->kv_capacity > 0 ? o->kv_capacity : hw.gpus * hw.hbm_bytes * 0.9 - s->kb.weights;
     res->capacity = s->cap;
     s->W = o->cfg.window_size;

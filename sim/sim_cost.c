@@ -172,6 +172,8 @@ struct v41_cost_model {
     layer_cls cls[MAXCLS], stage[MAXCLS];
     double wfp8, wexp;       /* bytes per weight element of fp8 Linears and of routed experts */
     double wkb, ckb, ikb;    /* bytes per window key, compressed key, index key */
+    bool have_cal;
+    v41_calib cal;
 };
 
 static double wbytes_of(const char *dt)
@@ -267,6 +269,63 @@ int v41_cost_create(const v41_config *cfg, const v41_hw *hw, const v41_profile *
 }
 
 void v41_cost_destroy(v41_cost_model *m) { free(m); }
+
+void v41_cost_set_calib(v41_cost_model *m, const v41_calib *cal)
+{
+    m->have_cal = cal != NULL;
+    if (cal) m->cal = *cal;
+}
+
+int v41_calib_load(const char *path, v41_calib *c, v41_err *err)
+{
+    memset(c, 0, sizeof *c);
+    snprintf(c->source, sizeof c->source, "%s", path);
+    FILE *f = fopen(path, "rb");
+    if (!f) return v41_err_set(err, V41_EIO, "calibration %s: cannot open: %s", path, strerror(errno));
+    fseek(f, 0, SEEK_END);
+    long n = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    char *buf = n >= 0 ? malloc((size_t)n + 1) : NULL;
+    if (!buf || fread(buf, 1, (size_t)n, f) != (size_t)n) {
+        fclose(f);
+        free(buf);
+        return v41_err_set(err, V41_EIO, "calibration %s: read error", path);
+    }
+    fclose(f);
+    buf[n] = 0;
+    cJSON *j = cJSON_Parse(buf);
+    free(buf);
+    if (!j) return v41_err_set(err, V41_EINVAL, "calibration %s: not valid JSON", path);
+    int rc = V41_OK;
+    const cJSON *sch = cJSON_GetObjectItemCaseSensitive(j, "schema");
+    const cJSON *fit = cJSON_GetObjectItemCaseSensitive(j, "fit");
+    if (!cJSON_IsString(sch) || strcmp(sch->valuestring, "v41-sim-validate/1")) {
+        rc = v41_err_set(err, V41_EINVAL, "calibration %s: key 'schema' must be \"v41-sim-validate/1\" "
+                                          "(the --json output of `v41 sim --validate ... --fit|--fit-from`)", path);
+        goto out;
+    }
+    if (!cJSON_IsObject(fit)) {
+        rc = v41_err_set(err, V41_EINVAL, "calibration %s: no 'fit' object (run `v41 sim --validate` with --fit or "
+                                          "--fit-from)", path);
+        goto out;
+    }
+    for (int k = -3; k < V41_OP_NCLASS; k++) {
+        const char *key = k == -3 ? "c0_s" : k == -2 ? "per_row_s" : k == -1 ? "per_request_s" : v41_op_class_name(k);
+        const cJSON *v = cJSON_GetObjectItemCaseSensitive(fit, key);
+        if (!cJSON_IsNumber(v) || !(v->valuedouble >= 0) || !isfinite(v->valuedouble)) {
+            rc = v41_err_set(err, V41_EINVAL, "calibration %s: fit key '%s' missing or not a finite number >= 0", path,
+                             key);
+            goto out;
+        }
+        if (k == -3) c->c0 = v->valuedouble;
+        else if (k == -2) c->per_row = v->valuedouble;
+        else if (k == -1) c->per_request = v->valuedouble;
+        else c->a[k] = v->valuedouble;
+    }
+out:
+    cJSON_Delete(j);
+    return rc;
+}
 
 void v41_cost_kv_bytes(const v41_cost_model *m, v41_kv_bytes *kb)
 {
@@ -613,6 +672,11 @@ void v41_cost_step(const v41_cost_model *m, const v41_sim_item *items, int n, in
         }
         out->draft_flops = A.flops - f0;
         (void)n_draft_items;
+    }
+    if (m->have_cal) {   /* calibrated step time (v41_calib) */
+        double t = m->cal.c0 + m->cal.per_row * (double)out->rows + m->cal.per_request * (double)n;
+        for (int c2 = 0; c2 < V41_OP_NCLASS; c2++) t += m->cal.a[c2] * out->time_c[c2];
+        out->time_s = t;
     }
 }
 

@@ -119,6 +119,19 @@ void v41_cost_destroy(v41_cost_model *m);
  * else max(F/(peak_flops*eff_flops[c]), B/(peak_bw*eff_bw[c])). */
 double v41_cost_kernel_time(const v41_cost_model *m, int c, double F, double B);
 void v41_cost_step(const v41_cost_model *m, const v41_sim_item *items, int n, int draft_len, v41_step_cost *out);
+
+/* A calibrated step-time model (from `v41 sim --validate ... --fit|--fit-from --json`, schema
+ * v41-sim-validate/1, object "fit"): time = c0 + sum_k a[k] * time_c[k] + per_row * rows +
+ * per_request * items. It replaces time_s of v41_cost_step (time_c keeps the uncalibrated
+ * per-class times). Use it for an engine whose step time is not the sum of its kernels'
+ * device times (host orchestration, launch and copy overheads). */
+typedef struct v41_calib {
+    double c0, a[V41_OP_NCLASS], per_row, per_request;
+    char source[256];
+} v41_calib;
+int v41_calib_load(const char *path, v41_calib *c, v41_err *err);
+/* cal NULL: uncalibrated (the default). The calibration is copied. */
+void v41_cost_set_calib(v41_cost_model *m, const v41_calib *cal);
 /* Bytes of caches (SPEC §4-§6 storage formats) */
 typedef struct v41_kv_bytes {
     double window_row;      /* one window-KV row of ALL backbone layers (fp8 + e8m0/32) */
@@ -154,6 +167,7 @@ typedef struct v41_sim_opts {
     char model_name[256];
     v41_hw hw;
     const v41_profile *profile;  /* NULL: roofline */
+    const v41_calib *calib;      /* NULL: step time = the cost model's (see v41_calib) */
     bool replay_enc, replay_dec; /* SPEC §7 */
     int draft_len;               /* 0 = DSpark off */
     v41_accept accept;

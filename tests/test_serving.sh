@@ -61,15 +61,35 @@ meas = [m for m, _ in v["per_step"]]
 assert meas == [s["seconds"] for s in sp["steps"]], "measured seconds are the serve-trace step times"
 print("sim --validate --fit-from: %d steps, median error %.1f%%" % (v["steps"], 100 * v["median_abs_rel_err"]))
 PYEOF
+# --calibration applies that fit as it stands: the same per-step predictions, and `v41 sim`
+# runs a trace with it (the simulator's step time is then the calibrated model)
+"$V41" sim --validate "$tmp/spec.json" --calibration "$tmp/val2.json" --json > "$tmp/val3.json"
+"$PY" - "$tmp/val2.json" "$tmp/val3.json" <<'PYEOF'
+import json, sys
+a = json.load(open(sys.argv[1])); b = json.load(open(sys.argv[2]))
+# same model, terms summed in another order: equal to fp64 rounding of ~10 terms (1e-12 relative is ample)
+assert len(a["per_step"]) == len(b["per_step"])
+for (ma, pa), (mb, pb) in zip(a["per_step"], b["per_step"]):
+    assert ma == mb and abs(pa - pb) <= 1e-12 * abs(pa), ("--calibration must reproduce --fit-from", pa, pb)
+assert "calibrated by" in b["rates"], b["rates"]
+print("sim --validate --calibration: reproduces the fit's %d predictions" % len(b["per_step"]))
+PYEOF
+"$V41" sim --model tiny --synth "n=6,rate=100,in=uniform:8:30,out=fixed:4,seed=3" --calibration "$tmp/val2.json" \
+  --json --no-progress > "$tmp/simcal.json"
+"$PY" -c "import json,sys; d=json.load(open(sys.argv[1])); assert d['finished'] == 6, d" "$tmp/simcal.json" \
+  || { echo "v41 sim --calibration: unexpected summary"; cat "$tmp/simcal.json"; exit 1; }
 # bad input: a missing or foreign calibration file is an error naming it (exit 2)
 for bad in "$tmp/none.json" "$tmp/bad.jsonl"; do
   [ "$bad" = "$tmp/bad.jsonl" ] && printf '{"schema": "something-else"}\n' > "$bad"
   set +e
   "$V41" sim --validate "$tmp/spec.json" --fit-from "$bad" 2>"$tmp/err" >/dev/null
   rc=$?
+  "$V41" sim --model tiny --synth "n=2" --calibration "$bad" --no-progress 2>"$tmp/err2" >/dev/null
+  rc2=$?
   set -e
-  [ $rc -eq 2 ] || { echo "sim --validate --fit-from $bad: exit $rc, want 2"; exit 1; }
-  grep -q "$(basename "$bad")" "$tmp/err" || { echo "error does not name the file:"; cat "$tmp/err"; exit 1; }
+  [ $rc -eq 2 ] && [ $rc2 -eq 2 ] || { echo "bad calibration file $bad: exit $rc / $rc2, want 2"; exit 1; }
+  grep -q "$(basename "$bad")" "$tmp/err" && grep -q "$(basename "$bad")" "$tmp/err2" \
+    || { echo "error does not name the file:"; cat "$tmp/err" "$tmp/err2"; exit 1; }
 done
 echo "sim --validate --fit-from: bad calibration files rejected"
 printf '{"timestamp": 0, "input_length": 10, "output_length": 2, "hash_ids": [1]}\n{"timestamp": 1, "input_length": "x"}\n' > "$tmp/bad.jsonl"
