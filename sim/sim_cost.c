@@ -55,27 +55,36 @@ static int cmp2(const void *a, const void *b)
     return (x[0] > y[0]) - (x[0] < y[0]);
 }
 
-int v41_profile_load(const char *path, v41_profile *p, v41_err *err)
+/* Parse the JSON file at path; what names it in errors ("profile", "calibration"). */
+static int load_json(const char *path, const char *what, cJSON **out, v41_err *err)
 {
-    memset(p, 0, sizeof *p);
+    *out = NULL;
     FILE *f = fopen(path, "rb");
-    if (!f) return v41_err_set(err, V41_EIO, "profile %s: cannot open: %s", path, strerror(errno));
+    if (!f) return v41_err_set(err, V41_EIO, "%s %s: cannot open: %s", what, path, strerror(errno));
     fseek(f, 0, SEEK_END);
     long n = ftell(f);
     fseek(f, 0, SEEK_SET);
-    char *buf = malloc((size_t)n + 1);
+    char *buf = n >= 0 ? malloc((size_t)n + 1) : NULL;
     if (!buf || fread(buf, 1, (size_t)n, f) != (size_t)n) {
         fclose(f);
         free(buf);
-        return v41_err_set(err, V41_EIO, "profile %s: read error", path);
+        return v41_err_set(err, V41_EIO, "%s %s: read error", what, path);
     }
     fclose(f);
     buf[n] = 0;
-    cJSON *j = cJSON_Parse(buf);
+    *out = cJSON_Parse(buf);
     free(buf);
-    int rc = V41_OK;
+    if (!*out) return v41_err_set(err, V41_EINVAL, "%s %s: not valid JSON", what, path);
+    return V41_OK;
+}
+
+int v41_profile_load(const char *path, v41_profile *p, v41_err *err)
+{
+    memset(p, 0, sizeof *p);
+    cJSON *j;
+    int rc = load_json(path, "profile", &j, err);
+    if (rc) return rc;
     double (*pts)[2] = NULL;
-    if (!j) return v41_err_set(err, V41_EINVAL, "profile %s: not valid JSON", path);
     const cJSON *sch = cJSON_GetObjectItemCaseSensitive(j, "schema");
     if (!cJSON_IsString(sch) || strcmp(sch->valuestring, "v41-profile/1")) {
         rc = v41_err_set(err, V41_EINVAL, "profile %s: key 'schema' must be \"v41-profile/1\"", path);
@@ -280,23 +289,9 @@ int v41_calib_load(const char *path, v41_calib *c, v41_err *err)
 {
     memset(c, 0, sizeof *c);
     snprintf(c->source, sizeof c->source, "%s", path);
-    FILE *f = fopen(path, "rb");
-    if (!f) return v41_err_set(err, V41_EIO, "calibration %s: cannot open: %s", path, strerror(errno));
-    fseek(f, 0, SEEK_END);
-    long n = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    char *buf = n >= 0 ? malloc((size_t)n + 1) : NULL;
-    if (!buf || fread(buf, 1, (size_t)n, f) != (size_t)n) {
-        fclose(f);
-        free(buf);
-        return v41_err_set(err, V41_EIO, "calibration %s: read error", path);
-    }
-    fclose(f);
-    buf[n] = 0;
-    cJSON *j = cJSON_Parse(buf);
-    free(buf);
-    if (!j) return v41_err_set(err, V41_EINVAL, "calibration %s: not valid JSON", path);
-    int rc = V41_OK;
+    cJSON *j;
+    int rc = load_json(path, "calibration", &j, err);
+    if (rc) return rc;
     const cJSON *sch = cJSON_GetObjectItemCaseSensitive(j, "schema");
     const cJSON *fit = cJSON_GetObjectItemCaseSensitive(j, "fit");
     if (!cJSON_IsString(sch) || strcmp(sch->valuestring, "v41-sim-validate/1")) {
