@@ -126,26 +126,25 @@ static void step_set_free(step_set *S)
 
 static int read_json(const char *path, cJSON **out, v41_err *err)
 {
-    *out = NULL;
-    FILE *f = fopen(path, "rb");
-    if (!f) return v41_err_set(err, V41_EIO, "%s: cannot open", path);
-    fseek(f, 0, SEEK_END);
-    long len = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    char *txt = len >= 0 ? malloc((size_t)len + 1) : NULL;
-    size_t got = txt ? fread(txt, 1, (size_t)len, f) : 0;
-    fclose(f);
-    if (!txt || got != (size_t)len) { free(txt); return v41_err_set(err, V41_EIO, "%s: read error", path); }
-    txt[len] = 0;
-    cJSON *j = cJSON_Parse(txt);
-    free(txt);
-    const cJSON *schema = cJSON_GetObjectItem(j, "schema"), *steps = cJSON_GetObjectItem(j, "steps");
-    if (!j || !cJSON_IsString(schema) || strcmp(schema->valuestring, "v41-serve-trace/1") || !cJSON_IsArray(steps)) {
-        cJSON_Delete(j);
+    int rc = v41_json_load(path, "serve-trace", out, err);
+    if (rc) return rc;
+    const cJSON *schema = cJSON_GetObjectItem(*out, "schema"), *steps = cJSON_GetObjectItem(*out, "steps");
+    if (!cJSON_IsString(schema) || strcmp(schema->valuestring, "v41-serve-trace/1") || !cJSON_IsArray(steps)) {
+        cJSON_Delete(*out);
+        *out = NULL;
         return v41_err_set(err, V41_EINVAL, "%s: not a v41-serve-trace/1 JSON file (from `v41 serve-trace --json`)", path);
     }
-    *out = j;
     return 0;
+}
+
+/* predictions of the fitted model: pred[s] = sum_a coef[a] * X[s, a] */
+static void predict(const double *coef, const double *X, int ns, double *pred)
+{
+    for (int s = 0; s < ns; s++) {
+        double p = 0;
+        for (int a = 0; a < NF; a++) p += coef[a] * X[s * NF + a];
+        pred[s] = p;
+    }
 }
 
 /* cost every step of a serve-trace JSON (its batch: per request kind, positions,
@@ -276,11 +275,7 @@ int v41_sim_validate(int argc, char **argv)
     int nv = 0;
     if (fit_from) {
         nnls(C.n, C.X, C.meas, coef);
-        for (int s = 0; s < ns; s++) {
-            double p = 0;
-            for (int a = 0; a < NF; a++) p += coef[a] * X[s * NF + a];
-            pred[s] = p;
-        }
+        predict(coef, X, ns, pred);
         for (int s = 0; s < ns; s++) rel[nv++] = fabs(pred[s] - meas[s]) / meas[s];
     } else if (fit) {
         size_t nt = ((size_t)ns + 1) / 2;
@@ -296,11 +291,7 @@ int v41_sim_validate(int argc, char **argv)
         nnls((int)nt, Xt, yt, coef);
         free(Xt);
         free(yt);
-        for (int s = 0; s < ns; s++) {
-            double p = 0;
-            for (int a = 0; a < NF; a++) p += coef[a] * X[s * NF + a];
-            pred[s] = p;
-        }
+        predict(coef, X, ns, pred);
         for (int s = 1; s < ns; s += 2) rel[nv++] = fabs(pred[s] - meas[s]) / meas[s];
     } else {
         for (int s = 0; s < ns; s++) rel[nv++] = fabs(pred[s] - meas[s]) / meas[s];

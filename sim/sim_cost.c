@@ -55,8 +55,7 @@ static int cmp2(const void *a, const void *b)
     return (x[0] > y[0]) - (x[0] < y[0]);
 }
 
-/* Parse the JSON file at path; what names it in errors ("profile", "calibration"). */
-static int load_json(const char *path, const char *what, cJSON **out, v41_err *err)
+int v41_json_load(const char *path, const char *what, cJSON **out, v41_err *err)
 {
     *out = NULL;
     FILE *f = fopen(path, "rb");
@@ -82,7 +81,7 @@ int v41_profile_load(const char *path, v41_profile *p, v41_err *err)
 {
     memset(p, 0, sizeof *p);
     cJSON *j;
-    int rc = load_json(path, "profile", &j, err);
+    int rc = v41_json_load(path, "profile", &j, err);
     if (rc) return rc;
     double (*pts)[2] = NULL;
     const cJSON *sch = cJSON_GetObjectItemCaseSensitive(j, "schema");
@@ -290,7 +289,7 @@ int v41_calib_load(const char *path, v41_calib *c, v41_err *err)
     memset(c, 0, sizeof *c);
     snprintf(c->source, sizeof c->source, "%s", path);
     cJSON *j;
-    int rc = load_json(path, "calibration", &j, err);
+    int rc = v41_json_load(path, "calibration", &j, err);
     if (rc) return rc;
     const cJSON *sch = cJSON_GetObjectItemCaseSensitive(j, "schema");
     const cJSON *fit = cJSON_GetObjectItemCaseSensitive(j, "fit");

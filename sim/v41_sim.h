@@ -125,6 +125,11 @@ void v41_cost_step(const v41_cost_model *m, const v41_sim_item *items, int n, in
  * per_request * items. It replaces time_s of v41_cost_step (time_c keeps the uncalibrated
  * per-class times). Use it for an engine whose step time is not the sum of its kernels'
  * device times (host orchestration, launch and copy overheads). */
+/* Read and parse the JSON file at path (what names it in errors: "profile", ...). *out is
+ * NULL on error (cannot open, read error, not valid JSON); the caller cJSON_Delete()s it. */
+struct cJSON;
+int v41_json_load(const char *path, const char *what, struct cJSON **out, v41_err *err);
+
 typedef struct v41_calib {
     double c0, a[V41_OP_NCLASS], per_row, per_request;
     char source[256];
