@@ -95,6 +95,32 @@ typedef struct arm {
     double prefill_s;
 } arm;
 
+/* One untimed warm-up in a spare slot, released after, so that one-time costs (first touch
+ * of the mmap'd weights, the GPU engine's weight upload, cuBLAS handles) stay out of what the
+ * caller times: a prefill of tok[0..n), then with decode one decode step of tok[n], then with
+ * draft a DSpark draft after it. */
+static int warm_up(v41_engine *e, int slot, const int32_t *tok, int n, bool decode, bool draft, v41_err *err)
+{
+    v41_req wr = {.id = slot, .start_pos = 0, .n_tokens = n, .tokens = tok};
+    v41_batch wb = {1, &wr};
+    v41_out wo;
+    memset(&wo, 0, sizeof wo);
+    int rc = v41_engine_forward(e, &wb, &wo, err);
+    if (!rc && decode) {
+        wr.start_pos = n;
+        wr.n_tokens = 1;
+        wr.tokens = tok + n;
+        rc = v41_engine_forward(e, &wb, &wo, err);
+    }
+    if (!rc && draft && e->model->cfg.dspark_block_size <= V41_ACC_MAXLEN) {
+        int32_t ids[V41_ACC_MAXLEN + 2];
+        float conf[V41_ACC_MAXLEN + 2];
+        rc = e->vt->dspark_draft(e, slot, n, tok[0], ids, conf, err);
+    }
+    if (!rc && e->vt->release) e->vt->release(e, slot);
+    return rc;
+}
+
 static int arm_run(arm *a, const v41_run_inputs *in, int steps, int vocab, v41_err *err)
 {
     int n = in->n_req;
@@ -109,15 +135,9 @@ static int arm_run(arm *a, const v41_run_inputs *in, int steps, int vocab, v41_e
     v41_batch b = {n, rq};
     v41_out out;
     memset(&out, 0, sizeof out);
-    {
-        /* untimed warm-up in the spare slot n (released after): both arms are timed warm, so
-         * one-time costs (first-touch of the mmap'd weights, the GPU engine's upload) stay out */
-        v41_req wr = {.id = n, .start_pos = 0, .n_tokens = in->len[0], .tokens = in->ids[0]};
-        v41_batch wb = {1, &wr};
-        int wrc = v41_engine_forward(a->e, &wb, &out, err);
-        if (wrc) { free(rq); return wrc; }
-        if (a->e->vt->release) a->e->vt->release(a->e, n);
-    }
+    /* both arms are timed warm: a warm-up prefill in the spare slot n first */
+    int wrc = warm_up(a->e, n, in->ids[0], in->len[0], false, false, err);
+    if (wrc) { free(rq); return wrc; }
     a->cap.active = true;
     double t0 = now_s();
     int rc = v41_engine_forward(a->e, &b, &out, err);
@@ -593,31 +613,12 @@ int v41_cmd_serve_trace(int argc, char **argv)
     if ((rc = v41_run_engine_create(m, &ro, &s.e, &err))) goto fail;
     if (dspark && !s.e->vt->dspark_draft) { rc = v41_err_set(&err, V41_EUNSUPPORTED, "engine has no DSpark drafter"); goto fail; }
     {
-        /* one untimed warm-up (prefill + decode, + a draft with --dspark) in a slot no
-         * request uses, released after: one-time costs (the GPU engine's weight upload,
-         * cuBLAS handles, first-touch allocations) stay out of the measured steps */
+        /* one untimed warm-up (prefill + decode, + a draft with --dspark) in a slot no request uses */
         int wid = ro.max_requests - 1, wn = W + 2 < m->cfg.max_seq_len - 1 ? W + 2 : m->cfg.max_seq_len - 1;
         int32_t wt[64];
         if (wn > 63) wn = 63;
         for (int i = 0; i <= wn; i++) wt[i] = (int32_t)(i * 7 + 1) % m->cfg.vocab_size;
-        v41_req wr = {.id = wid, .start_pos = 0, .n_tokens = wn, .tokens = wt};
-        v41_batch wb = {1, &wr};
-        v41_out wo;
-        memset(&wo, 0, sizeof wo);
-        rc = v41_engine_forward(s.e, &wb, &wo, &err);
-        if (!rc) {
-            wr.start_pos = wn;
-            wr.n_tokens = 1;
-            wr.tokens = wt + wn;
-            rc = v41_engine_forward(s.e, &wb, &wo, &err);
-        }
-        if (!rc && dspark) {
-            int32_t ids[V41_ACC_MAXLEN + 2];
-            float conf[V41_ACC_MAXLEN + 2];
-            if (m->cfg.dspark_block_size <= V41_ACC_MAXLEN) rc = s.e->vt->dspark_draft(s.e, wid, wn, wt[0], ids, conf, &err);
-        }
-        if (rc) goto fail;
-        if (s.e->vt->release) s.e->vt->release(s.e, wid);
+        if ((rc = warm_up(s.e, wid, wt, wn, true, dspark, &err))) goto fail;
     }
     s.cap_cache = s.n + 1;
     s.cache = calloc((size_t)s.cap_cache, sizeof *s.cache);
