@@ -12,6 +12,7 @@
 #include "config.h"
 #include "v41_engine.h"
 #include <check.h>
+#include "test_model.h"
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -24,14 +25,7 @@ static int32_t toks[NT], toks2[NT];
 static void setup_model(void)
 {
     if (M) return;
-    v41_err err = {0};
-    const char *dir = getenv("V41_ORACLE_DIR");
-    char p[4096];
-    if (dir) snprintf(p, sizeof p, "%s/config.json", dir);
-    FILE *f = dir ? fopen(p, "r") : NULL;
-    if (f) fclose(f);
-    int rc = v41_model_load(f ? dir : "tiny", &M, &err);
-    ck_assert_msg(rc == 0, "model: %s", err.msg);
+    M = test_model_load();
     uint32_t s = 12345;
     for (int i = 0; i < NT; i++) {
         s = s * 1103515245u + 12345u;

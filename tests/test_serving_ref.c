@@ -71,6 +71,7 @@
 #include "v41_engine.h"
 #include "v41_ops.h"
 #include <check.h>
+#include "test_model.h"
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -109,16 +110,7 @@ static int32_t P[NP], Q[NP];
 static void setup_model(void)
 {
     if (M) return;
-    v41_err err = {0};
-    const char *dir = getenv("V41_ORACLE_DIR");
-    char p[4096];
-    FILE *f = NULL;
-    if (dir) {
-        snprintf(p, sizeof p, "%s/config.json", dir);
-        f = fopen(p, "r");
-    }
-    if (f) fclose(f);
-    ck_assert_msg(v41_model_load(f ? dir : "tiny", &M, &err) == 0, "model: %s", err.msg);
+    M = test_model_load();
     V = M->cfg.vocab_size;
     W = M->cfg.window_size;
     NL = M->cfg.n_layers;
