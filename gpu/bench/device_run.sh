@@ -42,6 +42,15 @@ if [ "${FULL:-0}" = 1 ]; then
     || { grep -E "error|Error" "$OUT/build.log" | head -40; tail -20 "$OUT/build.log"; exit 1; }
 fi
 echo "build: $(( $(date +%s) - t0 )) s"
+# merge_steps OUT IN...: one serve-trace JSON whose steps are those of every IN (the first IN's header)
+merge_steps() {
+  python3 - "$@" <<'PY'
+import json, sys
+a = json.load(open(sys.argv[2]))
+for f in sys.argv[3:]: a["steps"] += json.load(open(f))["steps"]
+json.dump(a, open(sys.argv[1], "w"))
+PY
+}
 cd build-dev
 for what in "$@"; do
   t0=$(date +%s)
@@ -88,19 +97,9 @@ for what in "$@"; do
      ./harness/v41 serve-trace $V --trace "$TOP/traces/azure_conv_head200.csv" --limit 40 --json "$OUT/serve-val3.json" >> "$OUT/serve.log" 2>&1
      echo "serve-trace rc=$?"; grep -E "^serve-trace:" "$OUT/serve.log"
      # one calibration file from both calibration runs (the fit reads one file)
-     python3 - "$OUT/serve-calall.json" "$OUT/serve-cal.json" "$OUT/serve-cal2.json" "$OUT/serve-cal3.json" <<'PY'
-import json, sys
-a = json.load(open(sys.argv[2]))
-for f in sys.argv[3:]: a["steps"] += json.load(open(f))["steps"]
-json.dump(a, open(sys.argv[1], "w"))
-PY
+     merge_steps "$OUT/serve-calall.json" "$OUT/serve-cal.json" "$OUT/serve-cal2.json" "$OUT/serve-cal3.json"
      # and the pooled validation: every validation step of the three runs in one file
-     python3 - "$OUT/serve-valall.json" "$OUT/serve-val.json" "$OUT/serve-val2.json" "$OUT/serve-val3.json" <<'PY'
-import json, sys
-a = json.load(open(sys.argv[2]))
-for f in sys.argv[3:]: a["steps"] += json.load(open(f))["steps"]
-json.dump(a, open(sys.argv[1], "w"))
-PY
+     merge_steps "$OUT/serve-valall.json" "$OUT/serve-val.json" "$OUT/serve-val2.json" "$OUT/serve-val3.json"
      for v in serve-val serve-val2 serve-val3 serve-valall; do
        ./harness/v41 sim --validate "$OUT/$v.json" $P | head -3
        ./harness/v41 sim --validate "$OUT/$v.json" $P --fit-from "$OUT/serve-calall.json" --json > "$OUT/validate-$v.json"
