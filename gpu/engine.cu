@@ -24,6 +24,7 @@
 #include "v41_engine.h"
 #include "v41_ops.h"
 #include "v41_quant.h"
+#include "engine_gpu.h"
 #include <cublas_v2.h>
 #include <map>
 #include <tuple>
@@ -98,6 +99,7 @@ struct gh_ctx {
     long n_topk_gpu = 0, n_topk_cpu = 0;
     const v41_engine_vtbl *ref = nullptr;
     v41_engine_vtbl vt;
+    gd_ctx *dev = nullptr;   // the device-resident decode path (engine_dev.cu), NULL when off
 };
 
 thread_local gh_ctx *tl_ctx = nullptr;
@@ -178,34 +180,56 @@ int get_weight(gh_ctx *g, const v41_lin *L, bool want_bf, gh_w **out, v41_err *e
 int gh_forward(v41_engine *e, const v41_batch *b, v41_out *out, v41_err *err)
 {
     gh_scope s(ctx_of(e));
-    return ctx_of(e)->ref->forward(e, b, out, err);
+    gh_ctx *g = ctx_of(e);
+    int r = gd_forward(g->dev, e, b, out, err);   // a decode batch on the device
+    if (r > 0) return V41_OK;
+    if (r < 0) return err && err->code ? err->code : V41_EINTERNAL;
+    int rc = gd_to_host(g->dev, e, err);           // the host orchestration needs every row
+    if (rc) return rc;
+    rc = g->ref->forward(e, b, out, err);
+    gd_host_wrote(g->dev, e, b);
+    return rc;
 }
 int gh_draft(v41_engine *e, int req_id, int p, int32_t first, int32_t *ids, float *conf, v41_err *err)
 {
     gh_scope s(ctx_of(e));
-    return ctx_of(e)->ref->dspark_draft(e, req_id, p, first, ids, conf, err);
+    int rc = gd_to_host(ctx_of(e)->dev, e, err);
+    return rc ? rc : ctx_of(e)->ref->dspark_draft(e, req_id, p, first, ids, conf, err);
 }
 int gh_draft_batch(v41_engine *e, int n, const int *req_ids, const int *ps, const int32_t *firsts, int32_t *ids,
                    float *conf, v41_err *err)
 {
     gh_scope s(ctx_of(e));
-    return ctx_of(e)->ref->dspark_draft_batch(e, n, req_ids, ps, firsts, ids, conf, err);
+    int rc = gd_to_host(ctx_of(e)->dev, e, err);
+    return rc ? rc : ctx_of(e)->ref->dspark_draft_batch(e, n, req_ids, ps, firsts, ids, conf, err);
 }
 int gh_truncate(v41_engine *e, int req_id, int pos, v41_err *err)
 {
     gh_scope s(ctx_of(e));
-    return ctx_of(e)->ref->truncate(e, req_id, pos, err);
+    int rc = gd_to_host(ctx_of(e)->dev, e, err);
+    if (!rc) rc = ctx_of(e)->ref->truncate(e, req_id, pos, err);
+    if (!rc) gd_host_truncated(ctx_of(e)->dev, e, req_id, pos);
+    return rc;
 }
 int gh_fork(v41_engine *e, int src, int dst, int n, v41_err *err)
 {
     gh_scope s(ctx_of(e));
-    return ctx_of(e)->ref->fork(e, src, dst, n, err);
+    int rc = gd_to_host(ctx_of(e)->dev, e, err);
+    if (!rc) rc = ctx_of(e)->ref->fork(e, src, dst, n, err);
+    if (!rc) gd_host_truncated(ctx_of(e)->dev, e, dst, 0);   // the new request's rows are host rows
+    return rc;
 }
-void gh_release(v41_engine *e, int req_id) { ctx_of(e)->ref->release(e, req_id); }
+void gh_release(v41_engine *e, int req_id)
+{
+    gd_host_truncated(ctx_of(e)->dev, e, req_id, 0);   // a later request in this slot starts from the host
+    ctx_of(e)->ref->release(e, req_id);
+}
 void gh_destroy(v41_engine *e)
 {
     if (!e) return;
     gh_ctx *g = ctx_of(e);
+    gd_destroy(g->dev);   // before the ref engine: it reads the slots' state
+    g->dev = nullptr;
     e->impl = nullptr;
     const v41_engine_vtbl *ref = g->ref;
     e->vt = ref;
@@ -233,6 +257,16 @@ void gh_destroy(v41_engine *e)
 }
 
 }  // namespace
+
+int gh_dev_weight(v41_engine *e, const v41_lin *L, bool want_bf, const void **d, bool *is_bf, v41_err *err)
+{
+    gh_w *W;
+    int rc = get_weight(ctx_of(e), L, want_bf, &W, err);
+    if (rc) return rc;
+    *d = W->d;
+    *is_bf = W->bf;
+    return V41_OK;
+}
 
 extern "C" int v41gh_linear(const v41_lin *L, const float *x, int64_t M, float *y, bool emu, v41_err *err)
 {
@@ -618,6 +652,12 @@ extern "C" void v41gh_hc_post(const float *y, const float *X, const float *post,
     v41_hc_post(y, X, post, comb, hc, D, Xout, emu);
 }
 
+extern "C" long v41_gpu_engine_resident_steps(const v41_engine *e)
+{
+    if (!e || !e->vt || e->vt->forward != gh_forward || !e->impl) return 0;
+    return gd_steps(((const gh_ctx *)e->impl)->dev);
+}
+
 extern "C" int v41_gpu_engine_create(const v41_model *m, const v41_engine_opts *o, v41_engine **out,
                                      v41_err *err)
 {
@@ -652,6 +692,14 @@ extern "C" int v41_gpu_engine_create(const v41_model *m, const v41_engine_opts *
     v41gh_set_threads(e, 1);   // the orchestration's loops run on the calling thread (device hooks)
     e->impl = g;
     e->vt = &g->vt;
+    const char *why = nullptr;
+    rc = gd_create(e, &g->dev, &why, err);
+    if (rc) {
+        gh_destroy(e);
+        return rc;
+    }
+    if (!g->dev && why && getenv("V41_GPU_VERBOSE"))
+        fprintf(stderr, "gpu engine: device-resident decode off: %s\n", why);
     *out = e;
     return V41_OK;
 }

@@ -106,6 +106,9 @@ struct v41_engine {
 int v41_ref_engine_create(const v41_model *m, const v41_engine_opts *o, v41_engine **out, v41_err *err);
 /* GPU engine (gpu/); returns V41_EUNSUPPORTED when built without CUDA or no device. */
 int v41_gpu_engine_create(const v41_model *m, const v41_engine_opts *o, v41_engine **out, v41_err *err);
+/* Decode steps the GPU engine ran device-resident so far (its caches on the device, one
+ * CUDA graph per batch size; README.md, "Device-resident decode"); 0 for any other engine. */
+long v41_gpu_engine_resident_steps(const v41_engine *e);
 
 static inline int v41_engine_forward(v41_engine *e, const v41_batch *b, v41_out *out, v41_err *err)
 { return e->vt->forward(e, b, out, err); }

@@ -2,7 +2,7 @@
 # device_run.sh: build the GPU parts, run the GPU tests (plus compute-sanitizer)
 # and the benchmark on a machine with a GPU, in one go. Run from the repo root:
 #   gpu/bench/device_run.sh [tests] [memcheck] [racecheck] [bench] [quickbench] [torch]
-#                           [check] [oracle] [parity] [serve] [oracledump]
+#                           [check] [oracle] [parity] [serve] [oracledump] [resident]
 # The kernel library, its tests and the standalone benchmark are always built;
 # check/oracle/parity/serve also build the harness and every test program
 # (FULL=1 builds them up front).
@@ -36,7 +36,7 @@ if [ ! -x build-dev/gpu/bench/v41_gpu_bench ] || [ "${REBUILD:-1}" = 1 ]; then
   (cd build-dev && make -j"$J" gpu/libv41gpukern.la gpu/bench/v41_gpu_bench tests/test_gpu_kernels) >> "$OUT/build.log" 2>&1 \
     || { grep -E "error|Error" "$OUT/build.log" | head -40; tail -20 "$OUT/build.log"; exit 1; }
 fi
-case " $* " in *" check "*|*" oracle"*|*" parity "*|*" serve "*) FULL=1 ;; esac
+case " $* " in *" check "*|*" oracle"*|*" parity "*|*" serve "*|*" resident "*) FULL=1 ;; esac
 if [ "${FULL:-0}" = 1 ]; then
   (cd build-dev && make -j"$J" && make -j"$J" check TESTS=) >> "$OUT/build.log" 2>&1 \
     || { grep -E "error|Error" "$OUT/build.log" | head -40; tail -20 "$OUT/build.log"; exit 1; }
@@ -109,6 +109,31 @@ for what in "$@"; do
      ./harness/v41 oracle-check "$O" "$O/golden_fixed.h5" --engine gpu --steps 0 --dump "$OUT/oracle-gpu.h5" > "$OUT/oracledump.log" 2>&1
      ./harness/v41 oracle-check "$O" "$O/golden_fixed.h5" --engine ref --steps 0 --dump "$OUT/oracle-ref.h5" >> "$OUT/oracledump.log" 2>&1
      grep -E "PASS:|FAIL:" "$OUT/oracledump.log" ;;
+  resident) # the device-resident decode step: its kernel suites and the engine suite, memcheck on
+     # each, then the same decode-heavy serving trace through the hybrid (0) and resident (1) paths
+     for t in test_gpu_dev_a test_gpu_dev_b test_gpu_resident; do
+       ./tests/$t > "$OUT/$t.log" 2>&1; echo "$t rc=$?"; grep -E "^[0-9]+%|Fail|Error|error|near tie" "$OUT/$t.log" | head -20
+     done
+     for t in test_gpu_dev_a test_gpu_dev_b test_gpu_resident; do
+       CK_TIMEOUT_MULTIPLIER=20 compute-sanitizer --tool memcheck --target-processes all --print-limit 10 ./tests/$t \
+         > "$OUT/memcheck-$t.log" 2>&1; echo "memcheck $t rc=$?"; grep -E "ERROR SUMMARY" "$OUT/memcheck-$t.log" | sort | uniq -c
+     done
+     S="n=16,rate=1000,in=uniform:4:12,out=fixed:40,groups=1,prefix=0,block=8,seed=5"
+     for r in 0 1; do
+       V41_GPU_VERBOSE=1 V41_GPU_RESIDENT=$r ./harness/v41 serve-trace --engine gpu --block 8 --max-len 64 --synth "$S" \
+         --json "$OUT/resident-$r.json" > "$OUT/resident-$r.log" 2>&1; echo "serve-trace resident=$r rc=$?"
+       grep -E "^serve-trace:|device path|gpu engine:" "$OUT/resident-$r.log"
+     done
+     python3 - "$OUT/resident-0.json" "$OUT/resident-1.json" <<'PY' | tee "$OUT/resident-steps.txt"
+import json, sys, statistics as st
+for f, name in zip(sys.argv[1:], ("hybrid", "resident")):
+    d = [s for s in json.load(open(f))["steps"] if all(i["kind"] == "decode" for i in s["items"])]
+    by = {}
+    for s in d: by.setdefault(s["rows"], []).append(s["seconds"] * 1e3)
+    print(name, "decode-only steps:", len(d), "median ms by batch rows:",
+          {k: round(st.median(v), 3) for k, v in sorted(by.items())})
+PY
+     ;;
   torch) (cd "$TOP" && PYTHONUNBUFFERED=1 python3 gpu/bench/torch_layer.py --json "$OUT/torch.json") > "$OUT/torch.log" 2>&1; echo "torch rc=$?"; tail -15 "$OUT/torch.log" ;;
   esac
   echo "$what: $(( $(date +%s) - t0 )) s"

@@ -1,0 +1,33 @@
+// engine_gpu.h: the private interface between gpu/engine.cu (the hybrid engine:
+// the reference orchestration with device hooks) and gpu/engine_dev.cu (the
+// device-resident decode step). Not installed.
+#pragma once
+#include "v41_engine.h"
+#include "v41_ops.h"
+
+struct gd_ctx;
+
+// engine.cu: the device copy of a Linear's weight (uploaded on first use, owned by the
+// engine): bf16 bits when want_bf and the dequantized weight is bf16-exact, else fp32.
+int gh_dev_weight(v41_engine *e, const v41_lin *L, bool want_bf, const void **d, bool *is_bf, v41_err *err);
+
+// engine_dev.cu. gd_create: NULL result (and V41_OK) when the device path cannot serve
+// this engine (fp32 precision, weights that are not bf16 values, shapes the kernels do
+// not take); *why names the reason.
+int gd_create(v41_engine *e, gd_ctx **out, const char **why, v41_err *err);
+void gd_destroy(gd_ctx *g);
+// A decode batch on the device: 1 = done (out filled as the reference forward fills it),
+// 0 = not eligible (the caller runs the hybrid forward), < 0 = error (err set).
+int gd_forward(gd_ctx *g, v41_engine *e, const v41_batch *b, v41_out *out, v41_err *err);
+// Before any host-side use of the caches: copy every row the device holds ahead of the
+// host back into the host caches. Returns V41_OK or an error.
+int gd_to_host(gd_ctx *g, v41_engine *e, v41_err *err);
+// After a host-side forward of these requests: the device rows from each request's
+// start position on are stale.
+void gd_host_wrote(gd_ctx *g, v41_engine *e, const v41_batch *b);
+// After a host-side truncate of request id to pos.
+void gd_host_truncated(gd_ctx *g, v41_engine *e, int req_id, int pos);
+// Decode steps run on the device.
+long gd_steps(const gd_ctx *g);
+// Counters for V41_GPU_VERBOSE.
+void gd_report(const gd_ctx *g);

@@ -1,0 +1,413 @@
+// k_dev_b.cu: small kernels of the device-resident decode step (gpu/v41_gpu_dev.h):
+// mHC statistics (RMS factor, Sinkhorn split), the DSpark main-hidden mean, the
+// Engram gate, the argmax head, and the MoE pieces (GEMM pointer tables, SwiGLU,
+// the combine of the expert rows).
+//
+// Exactness. Every kernel reproduces ref's arithmetic (ref/ops.c, ref/engine.c):
+// the same fp32 operations in the same order, each product and sum rounded
+// separately (__fmul_rn / __fadd_rn / __fdiv_rn / __fsub_rn, which nvcc never
+// contracts into an FMA, whatever -fmad says), double accumulation where ref
+// accumulates in double. Known, accepted differences:
+//  - ref sums in double sequentially; here the double sums are block reductions
+//    (another association). The fp32 terms are the same, so the sums differ by a
+//    few double roundings (~1e-16 relative) and the float cast of the result
+//    agrees except within ~2^-29 of an fp32 rounding boundary.
+//  - CUDA's expf is within 2 ulp of exp (glibc's expf within 1): sigmoid, the
+//    Sinkhorn softmax and SwiGLU may differ by a few fp32 ulps.
+// sqrtf and '/' are IEEE here (no fast-math; the intrinsics are the _rn ones).
+// No kernel allocates, synchronises or copies to the host: all are CUDA-graph
+// capturable; per-row values are read from device memory.
+#include "g_internal.cuh"
+#include "v41_gpu_dev.h"
+#include <math.h>
+
+#define DB_THREADS 256   // threads of the one-block-per-row kernels (multiple of 32)
+
+// ref's sigmoid: 1 / (1 + expf(-x)) (v41_sigmoidf)
+__device__ __forceinline__ float db_sigmoid(float x) { return __fdiv_rn(1.0f, __fadd_rn(1.0f, expf(-x))); }
+
+__device__ __forceinline__ double db_warp_sum_d(double v)
+{
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+// Block-wide double sum (blockDim.x multiple of 32, <= 1024); every thread gets the
+// result. The leading __syncthreads makes consecutive calls on the same sh safe.
+__device__ __forceinline__ double db_block_sum_d(double v, double *sh /*[32]*/)
+{
+    int lane = threadIdx.x & 31, w = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    v = db_warp_sum_d(v);
+    __syncthreads();
+    if (lane == 0) sh[w] = v;
+    __syncthreads();
+    double r = lane < nw ? sh[lane] : 0.0;
+    return db_warp_sum_d(r);
+}
+
+// v41_rms_rsqrt from a double sum s of the fp32 squares of n elements:
+// 1 / sqrtf((float)(s / n) + eps).
+__device__ __forceinline__ float db_rsqrt_stat(double s, int n, float eps)
+{
+    float mean = (float)(s / (double)n);
+    return __fdiv_rn(1.0f, sqrtf(__fadd_rn(mean, eps)));
+}
+
+// ------------------------------------------------------------------ rms_scale
+// One block per row t: s = sum (double) of fp32 squares of X[t, 0..n), then
+// mixes[t, i] = mixes[t, i] * r (ref hc_mixes).
+__global__ void __launch_bounds__(DB_THREADS) db_rms_scale_kernel(const uint16_t *__restrict__ X, int n, float eps,
+                                                                  float *mixes, int mix)
+{
+    __shared__ double sh[32];
+    const int t = blockIdx.x;
+    const uint16_t *x = X + (size_t)t * n;
+    double s = 0.0;
+    for (int i = threadIdx.x; i < n; i += blockDim.x) {
+        float f = g_bf2f(x[i]);
+        s += (double)__fmul_rn(f, f);
+    }
+    s = db_block_sum_d(s, sh);
+    float r = db_rsqrt_stat(s, n, eps);
+    float *m = mixes + (size_t)t * mix;
+    for (int i = threadIdx.x; i < mix; i += blockDim.x) m[i] = __fmul_rn(m[i], r);
+}
+
+extern "C" int v41g_rms_scale(const uint16_t *X, int T, int n, float eps, float *mixes, int mix, v41g_stream s)
+{
+    if (T <= 0 || mix <= 0) return 0;
+    db_rms_scale_kernel<<<(unsigned)T, DB_THREADS, 0, G_STREAM(s)>>>(X, n, eps, mixes, mix);
+    G_LAUNCHED();
+    return 0;
+}
+
+// ------------------------------------------------------------------ sinkhorn
+// ref's ROWNORM / COLNORM: each sum in index order, every element divided by (sum + eps).
+template <int H>
+__device__ __forceinline__ void db_rownorm(float (&c)[H][H], float eps)
+{
+#pragma unroll
+    for (int i = 0; i < H; i++) {
+        float sum = 0.0f;
+#pragma unroll
+        for (int j = 0; j < H; j++) sum = __fadd_rn(sum, c[i][j]);
+        const float d = __fadd_rn(sum, eps);
+#pragma unroll
+        for (int j = 0; j < H; j++) c[i][j] = __fdiv_rn(c[i][j], d);
+    }
+}
+template <int H>
+__device__ __forceinline__ void db_colnorm(float (&c)[H][H], float eps)
+{
+#pragma unroll
+    for (int j = 0; j < H; j++) {
+        float sum = 0.0f;
+#pragma unroll
+        for (int i = 0; i < H; i++) sum = __fadd_rn(sum, c[i][j]);
+        const float d = __fadd_rn(sum, eps);
+#pragma unroll
+        for (int i = 0; i < H; i++) c[i][j] = __fdiv_rn(c[i][j], d);
+    }
+}
+
+// One thread per token; v41_hc_split_sinkhorn with rows_last = false, operation for
+// operation: the comb softmax per row (max by '>' from -inf, expf, sum in j order,
+// c / sum + eps), one column normalisation, then iters - 1 times (rows, columns)
+// (with iters <= 0 the single column normalisation, as in ref).
+template <int H>
+__global__ void db_sinkhorn_kernel(const float *__restrict__ mixes, const float *__restrict__ sc,
+                                   const float *__restrict__ base, int T, int iters, float eps, float *pre,
+                                   float *post, float *comb)
+{
+    constexpr int NM = (2 + H) * H;
+    const int t = blockIdx.x * blockDim.x + threadIdx.x;
+    if (t >= T) return;
+    const float *m = mixes + (size_t)t * NM;
+    const float s0 = sc[0], s1 = sc[1], s2 = sc[2];
+#pragma unroll
+    for (int i = 0; i < H; i++) {
+        pre[(size_t)t * H + i] = __fadd_rn(db_sigmoid(__fadd_rn(__fmul_rn(m[i], s0), base[i])), eps);
+        post[(size_t)t * H + i] = __fmul_rn(2.0f, db_sigmoid(__fadd_rn(__fmul_rn(m[H + i], s1), base[H + i])));
+    }
+    float c[H][H];
+#pragma unroll
+    for (int i = 0; i < H; i++)
+#pragma unroll
+        for (int j = 0; j < H; j++) c[i][j] = __fadd_rn(__fmul_rn(m[2 * H + i * H + j], s2), base[2 * H + i * H + j]);
+#pragma unroll
+    for (int i = 0; i < H; i++) {
+        float mx = -INFINITY;
+#pragma unroll
+        for (int j = 0; j < H; j++) mx = c[i][j] > mx ? c[i][j] : mx;
+        float sum = 0.0f;
+#pragma unroll
+        for (int j = 0; j < H; j++) {
+            c[i][j] = expf(__fsub_rn(c[i][j], mx));
+            sum = __fadd_rn(sum, c[i][j]);
+        }
+#pragma unroll
+        for (int j = 0; j < H; j++) c[i][j] = __fadd_rn(__fdiv_rn(c[i][j], sum), eps);
+    }
+    db_colnorm<H>(c, eps);
+    for (int it = 0; it < iters - 1; it++) {
+        db_rownorm<H>(c, eps);
+        db_colnorm<H>(c, eps);
+    }
+    float *o = comb + (size_t)t * H * H;
+#pragma unroll
+    for (int i = 0; i < H; i++)
+#pragma unroll
+        for (int j = 0; j < H; j++) o[i * H + j] = c[i][j];
+}
+
+extern "C" int v41g_sinkhorn(const float *mixes, const float *scale3, const float *base, int T, int h, int iters,
+                             float eps, float *pre, float *post, float *comb, v41g_stream s)
+{
+    if (T <= 0) return 0;
+    const unsigned g = (unsigned)((T + 63) / 64);
+    cudaStream_t st = G_STREAM(s);
+    switch (h) {
+    case 1: db_sinkhorn_kernel<1><<<g, 64, 0, st>>>(mixes, scale3, base, T, iters, eps, pre, post, comb); break;
+    case 2: db_sinkhorn_kernel<2><<<g, 64, 0, st>>>(mixes, scale3, base, T, iters, eps, pre, post, comb); break;
+    case 4: db_sinkhorn_kernel<4><<<g, 64, 0, st>>>(mixes, scale3, base, T, iters, eps, pre, post, comb); break;
+    default: return (int)cudaErrorInvalidValue;
+    }
+    G_LAUNCHED();
+    return 0;
+}
+
+// ------------------------------------------------------------------ hc_mean
+// One thread per (t, k): s = 0; s += X[t, j, k] for j = 0..h-1; y = bf16(s / h)
+// (ref_forward: s starts at +0, so a lone -0 gives +0 as in ref).
+__global__ void db_hc_mean_kernel(const uint16_t *__restrict__ X, int T, int h, int D, uint16_t *__restrict__ y,
+                                  int64_t ld_y)
+{
+    const size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x;
+    if (i >= (size_t)T * D) return;
+    const size_t t = i / (size_t)D, k = i % (size_t)D;
+    const uint16_t *x = X + t * (size_t)h * D + k;
+    float s = 0.0f;
+    for (int j = 0; j < h; j++) s = __fadd_rn(s, g_bf2f(x[(size_t)j * D]));
+    s = __fdiv_rn(s, (float)h);
+    y[(int64_t)t * ld_y + (int64_t)k] = g_f2bf(s);
+}
+
+extern "C" int v41g_hc_mean(const uint16_t *X, int T, int h, int D, uint16_t *y, int64_t ld_y, v41g_stream s)
+{
+    const size_t n = (size_t)(T > 0 ? T : 0) * (size_t)(D > 0 ? D : 0);
+    if (!n) return 0;
+    db_hc_mean_kernel<<<(unsigned)((n + 255) / 256), 256, 0, G_STREAM(s)>>>(X, T, h, D, y, ld_y);
+    G_LAUNCHED();
+    return 0;
+}
+
+// ------------------------------------------------------------------ engram gate
+// One block per (t, j) (blockIdx.x = t * h + j). The three double sums of ref
+// engram() (squares of X[t,j], squares of key_j, the products (x * wq) * key) in one
+// pass; then every thread updates the elements it read (X is in place: the reads of
+// the row all precede the block reductions' barriers, the writes follow them).
+__global__ void __launch_bounds__(DB_THREADS) db_engram_kernel(const uint16_t *__restrict__ kv,
+                                                               const float *__restrict__ wq, int h, int D, float eps,
+                                                               float isd, uint16_t *X)
+{
+    __shared__ double sh[32];
+    const int b = blockIdx.x, t = b / h, j = b % h;
+    uint16_t *x = X + (size_t)b * D;   // X[t, j, :] (row t * h + j)
+    const uint16_t *kt = kv + (size_t)t * (size_t)(h + 1) * D;
+    const uint16_t *key = kt + (size_t)j * D, *val = kt + (size_t)h * D;
+    const float *w = wq + (size_t)j * D;
+    double sx = 0.0, sk = 0.0, sd = 0.0;
+    for (int i = threadIdx.x; i < D; i += blockDim.x) {
+        const float xv = g_bf2f(x[i]), kv_ = g_bf2f(key[i]);
+        sx += (double)__fmul_rn(xv, xv);
+        sk += (double)__fmul_rn(kv_, kv_);
+        sd += (double)__fmul_rn(__fmul_rn(xv, w[i]), kv_);
+    }
+    sx = db_block_sum_d(sx, sh);
+    sk = db_block_sum_d(sk, sh);
+    sd = db_block_sum_d(sd, sh);
+    const float rstd = __fmul_rn(db_rsqrt_stat(sx, D, eps), db_rsqrt_stat(sk, D, eps));
+    const float dot = __fmul_rn(__fmul_rn((float)sd, rstd), isd);
+    float a = fabsf(dot);
+    if (a < 1e-6f) a = 1e-6f;
+    const float g = db_sigmoid(copysignf(sqrtf(a), dot));
+    for (int i = threadIdx.x; i < D; i += blockDim.x)
+        x[i] = g_f2bf(__fadd_rn(g_bf2f(x[i]), __fmul_rn(g, g_bf2f(val[i]))));
+}
+
+extern "C" int v41g_engram_gate(const uint16_t *kv, const float *wq, int T, int h, int D, float eps, uint16_t *X,
+                                v41g_stream s)
+{
+    if (T <= 0 || h <= 0 || D <= 0) return 0;
+    const float isd = (float)pow((double)D, -0.5);   // ref: (float)pow(D, -0.5), on the host as there
+    db_engram_kernel<<<(unsigned)((size_t)T * h), DB_THREADS, 0, G_STREAM(s)>>>(kv, wq, h, D, eps, isd, X);
+    G_LAUNCHED();
+    return 0;
+}
+
+// ------------------------------------------------------------------ argmax
+// ref argmax_f: b = 0; for i = 1..n-1: if (x[i] > x[b]) b = i. With NaNs that is:
+// 0 when x[0] is NaN (nothing compares greater than NaN), otherwise the first index
+// of the largest non-NaN value (a NaN x[i] never wins). One block per row: each
+// thread keeps its first best non-NaN (value, index), then a (value desc, index asc)
+// reduction.
+__device__ __forceinline__ bool db_better(float v, int i, float bv, int bi)
+{   // candidate (v, i) beats (bv, bi); i < 0 / bi < 0: no candidate
+    if (i < 0) return false;
+    if (bi < 0) return true;
+    return v > bv || (v == bv && i < bi);
+}
+__global__ void __launch_bounds__(DB_THREADS) db_argmax_kernel(const float *__restrict__ X, int V,
+                                                               int32_t *__restrict__ out)
+{
+    __shared__ float sv[32];
+    __shared__ int si[32];
+    const int t = blockIdx.x;
+    const float *x = X + (size_t)t * V;
+    float bv = -INFINITY;
+    int bi = -1;
+    for (int i = threadIdx.x; i < V; i += blockDim.x) {
+        const float v = x[i];
+        if (!isnan(v) && (bi < 0 || v > bv)) { bv = v; bi = i; }
+    }
+    for (int o = 16; o > 0; o >>= 1) {
+        const float ov = __shfl_xor_sync(0xffffffffu, bv, o);
+        const int oi = __shfl_xor_sync(0xffffffffu, bi, o);
+        if (db_better(ov, oi, bv, bi)) { bv = ov; bi = oi; }
+    }
+    const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    if (lane == 0) { sv[w] = bv; si[w] = bi; }
+    __syncthreads();
+    if (w == 0) {
+        bv = lane < nw ? sv[lane] : -INFINITY;
+        bi = lane < nw ? si[lane] : -1;
+        for (int o = 16; o > 0; o >>= 1) {
+            const float ov = __shfl_xor_sync(0xffffffffu, bv, o);
+            const int oi = __shfl_xor_sync(0xffffffffu, bi, o);
+            if (db_better(ov, oi, bv, bi)) { bv = ov; bi = oi; }
+        }
+        if (lane == 0) out[t] = (V <= 0 || isnan(x[0]) || bi < 0) ? 0 : bi;
+    }
+}
+
+extern "C" int v41g_argmax_rows(const float *x, int T, int V, int32_t *out, v41g_stream s)
+{
+    if (T <= 0) return 0;
+    if (V <= 0) {   // ref argmax_f(x, 0) = 0
+        G_CHECK(cudaMemsetAsync(out, 0, sizeof(int32_t) * (size_t)T, G_STREAM(s)));
+        return 0;
+    }
+    db_argmax_kernel<<<(unsigned)T, DB_THREADS, 0, G_STREAM(s)>>>(x, V, out);
+    G_LAUNCHED();
+    return 0;
+}
+
+// ------------------------------------------------------------------ MoE pointer tables
+// One thread per (token, choice) a = t * k + j; 64-bit offsets (e * 2I * D exceeds
+// 2^31 for the full model).
+__global__ void db_moe_ptrs_kernel(const int32_t *__restrict__ idx, int n, int k, int D, int I,
+                                   const uint16_t *x, const uint16_t *w13, const uint16_t *w2, const uint16_t *h13,
+                                   const uint16_t *h, const uint16_t *y, const void **xp, const void **w13p,
+                                   const void **w2p, void **h13p, const void **hp, void **yp)
+{
+    const int a = blockIdx.x * blockDim.x + threadIdx.x;
+    if (a >= n) return;
+    const size_t t = (size_t)(a / k), e = (size_t)(int64_t)idx[a], sD = (size_t)D, sI = (size_t)I;
+    xp[a] = x + t * sD;
+    w13p[a] = w13 + e * 2 * sI * sD;
+    w2p[a] = w2 + e * sD * sI;
+    hp[a] = h + (size_t)a * sI;
+    h13p[a] = (void *)(h13 + (size_t)a * 2 * sI);
+    yp[a] = (void *)(y + (size_t)a * sD);
+}
+
+extern "C" int v41g_moe_ptrs(const int32_t *idx, int T, int k, int D, int I, const uint16_t *x, const uint16_t *w13,
+                             const uint16_t *w2, const uint16_t *h13, const uint16_t *h, const uint16_t *y,
+                             const void **xp, const void **w13p, const void **w2p, void **h13p, const void **hp,
+                             void **yp, v41g_stream s)
+{
+    if (T <= 0 || k <= 0) return 0;
+    const int n = T * k;
+    db_moe_ptrs_kernel<<<(unsigned)((n + 127) / 128), 128, 0, G_STREAM(s)>>>(idx, n, k, D, I, x, w13, w2, h13, h, y,
+                                                                          xp, w13p, w2p, h13p, hp, yp);
+    G_LAUNCHED();
+    return 0;
+}
+
+// ------------------------------------------------------------------ SwiGLU
+// One thread per (r, i), ref expert_fwd's loop body: clamps by comparison (a NaN
+// stays NaN, as there), h = (g / (1 + expf(-g))) * u, then wts[r] * h, bf16.
+__global__ void db_swiglu_kernel(const uint16_t *__restrict__ h13, int n, int I, float L,
+                                 const float *__restrict__ wts, uint16_t *out)
+{
+    const size_t q = blockIdx.x * (size_t)blockDim.x + threadIdx.x;
+    if (q >= (size_t)n * I) return;
+    const size_t r = q / (size_t)I, i = q % (size_t)I;
+    const uint16_t *row = h13 + r * 2 * (size_t)I;
+    float gv = g_bf2f(row[i]), uv = g_bf2f(row[(size_t)I + i]);
+    if (L > 0) {
+        if (uv < -L) uv = -L;
+        if (uv > L) uv = L;
+        if (gv > L) gv = L;
+    }
+    float hv = __fmul_rn(__fdiv_rn(gv, __fadd_rn(1.0f, expf(-gv))), uv);
+    if (wts) hv = __fmul_rn(wts[r], hv);
+    out[q] = g_f2bf(hv);
+}
+
+extern "C" int v41g_swiglu(const uint16_t *h13, int n, int I, float L, const float *wts, uint16_t *out,
+                           v41g_stream s)
+{
+    const size_t nn = (size_t)(n > 0 ? n : 0) * (size_t)(I > 0 ? I : 0);
+    if (!nn) return 0;
+    db_swiglu_kernel<<<(unsigned)((nn + 255) / 256), 256, 0, G_STREAM(s)>>>(h13, n, I, L, wts, out);
+    G_LAUNCHED();
+    return 0;
+}
+
+// ------------------------------------------------------------------ MoE combine
+// One block per token. The choice order of ref moe(): a stable ascending sort of
+// idx[t, 0..k) (insertion sort there); here each choice j's place is its rank
+// #{j' : idx[j'] < idx[j] or (idx[j'] == idx[j] and j' < j)}, the same permutation.
+// Then per element: acc = 0; acc += ye[t*k + ord[r]] for r = 0..k-1; out = bf16(acc + sh)
+// (sh = shared or 0). out may alias shared (each element is read before it is written
+// by the same thread).
+#define DB_COMBINE_KMAX 4096
+__global__ void __launch_bounds__(DB_THREADS) db_moe_combine_kernel(const uint16_t *__restrict__ ye,
+                                                                    const int32_t *__restrict__ idx,
+                                                                    const uint16_t *shared, int k, int D,
+                                                                    uint16_t *out)
+{
+    extern __shared__ int ord[];   // [k rounded up to a multiple of 4]
+    const int t = blockIdx.x;
+    const int32_t *ix = idx + (size_t)t * k;
+    for (int j = threadIdx.x; j < k; j += blockDim.x) {
+        const int32_t e = ix[j];
+        int r = 0;
+        for (int jj = 0; jj < k; jj++) {
+            const int32_t f = ix[jj];
+            r += (f < e || (f == e && jj < j)) ? 1 : 0;
+        }
+        ord[r] = j;
+    }
+    __syncthreads();
+    const uint16_t *yt = ye + (size_t)t * k * D;
+    for (int d = threadIdx.x; d < D; d += blockDim.x) {
+        float acc = 0.0f;
+        for (int r = 0; r < k; r++) acc = __fadd_rn(acc, g_bf2f(yt[(size_t)ord[r] * D + d]));
+        const float sh = shared ? g_bf2f(shared[(size_t)t * D + d]) : 0.0f;
+        out[(size_t)t * D + d] = g_f2bf(__fadd_rn(acc, sh));
+    }
+}
+
+extern "C" int v41g_moe_combine(const uint16_t *ye, const int32_t *idx, const uint16_t *shared, int T, int k, int D,
+                                uint16_t *out, v41g_stream s)
+{
+    if (T <= 0 || D <= 0) return 0;
+    if (k < 0 || k > DB_COMBINE_KMAX) return (int)cudaErrorInvalidValue;
+    // ord[] rounded up to 16 bytes: nvcc reads the tail of the r loop with one 16-byte
+    // shared load (compute-sanitizer flags the bytes past k otherwise)
+    const size_t smem = sizeof(int) * (((size_t)k + 3) & ~(size_t)3);
+    db_moe_combine_kernel<<<(unsigned)T, DB_THREADS, smem, G_STREAM(s)>>>(ye, idx, shared, k, D, out);
+    G_LAUNCHED();
+    return 0;
+}
