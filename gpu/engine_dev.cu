@@ -121,6 +121,7 @@ struct gd_ctx {
     int Smax = 0, Ktop = 0, ew = 0, ne = 0, nt = 0;
     size_t tq_elems = 0, tf_elems = 0;
     bool dspark = false;
+    size_t graph_nodes = 0;
     long n_steps = 0, n_graph_launch = 0, n_graph_capture = 0, n_rows_up = 0, n_rows_down = 0, n_fallback = 0;
 };
 
@@ -749,9 +750,9 @@ long gd_steps(const gd_ctx *g) { return g ? g->n_steps : 0; }
 void gd_report(const gd_ctx *g)
 {
     if (!g) return;
-    fprintf(stderr, "gpu engine (device path): %ld decode steps on the device (%ld graph launches, %ld captures), "
-            "%ld batches not eligible; cache rows %ld up, %ld down\n", g->n_steps, g->n_graph_launch,
-            g->n_graph_capture, g->n_fallback, g->n_rows_up, g->n_rows_down);
+    fprintf(stderr, "gpu engine (device path): %ld decode steps on the device (%ld graph launches, %ld captures, "
+            "at most %zu nodes a graph), %ld batches not eligible; cache rows %ld up, %ld down\n", g->n_steps,
+            g->n_graph_launch, g->n_graph_capture, g->graph_nodes, g->n_fallback, g->n_rows_up, g->n_rows_down);
 }
 
 void gd_destroy(gd_ctx *g)
@@ -785,9 +786,10 @@ int gd_create(v41_engine *e, gd_ctx **out, const char **why, v41_err *err)
         *why = "--compat official (the hybrid path reproduces it)";
         return V41_OK;
     }
-    if (c->head_dim % 16 || c->head_dim > 512 || c->index_head_dim % 32 || c->dim % 256 || c->hc_mult > 4 ||
-        (c->hc_mult & (c->hc_mult - 1)) || c->q_lora_rank % 32 || c->moe_inter_dim % 32 || c->head_dim % 32 ||
-        c->index_topk <= 0) {
+    /* act_quant blocks of 32 (kv rows, expert hidden rows), fp4 groups of 32 (index keys and
+     * queries), the attention kernel's head dims, hc_pre/post's 8-column vectors */
+    if (c->head_dim % 32 || c->head_dim > 512 || c->index_head_dim % 32 || c->dim % 32 || c->moe_inter_dim % 32 ||
+        (c->hc_mult != 1 && c->hc_mult != 2 && c->hc_mult != 4) || c->index_topk <= 0) {
         *why = "model shapes the device kernels do not take";
         return V41_OK;
     }
@@ -1070,6 +1072,9 @@ int run_step(gd_ctx *g, v41_engine *e, const v41_batch *b, const int *slot, v41_
             cudaError_t ce = cudaStreamEndCapture(g->st, &graph);
             good = good && !r2 && ce == cudaSuccess && graph &&
                    cudaGraphInstantiate(&exec, graph, 0) == cudaSuccess;
+            size_t nn = 0;
+            if (good && cudaGraphGetNodes(graph, nullptr, &nn) == cudaSuccess && nn > g->graph_nodes)
+                g->graph_nodes = nn;
             if (graph) cudaGraphDestroy(graph);
             if (!good) {
                 cudaGetLastError();

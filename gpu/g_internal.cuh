@@ -54,6 +54,13 @@ __device__ __forceinline__ float g_fp4_mag(float v) {
     return 6.0f;
 }
 
+// exp and log1p of the CPU reference's libm (glibc's expf/log1pf are within ~0.5 ulp):
+// evaluated in double and rounded once, they equal glibc's result but in rare double-rounding
+// cases, where CUDA's expf may be 2 ulp away. Used where a decision (routing, Sinkhorn
+// weights, gates) must follow the reference as closely as fp32 allows.
+__device__ __forceinline__ float g_expf_ref(float x) { return (float)exp((double)x); }
+__device__ __forceinline__ float g_log1pf_ref(float x) { return (float)log1p((double)x); }
+
 __device__ __forceinline__ float g_warp_sum(float v) {
     for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
     return v;

@@ -12,7 +12,8 @@
 //    (another association). The fp32 terms are the same, so the sums differ by a
 //    few double roundings (~1e-16 relative) and the float cast of the result
 //    agrees except within ~2^-29 of an fp32 rounding boundary.
-//  - CUDA's expf is within 2 ulp of exp (glibc's expf within 1): sigmoid, the
+//  - exp is g_expf_ref (g_internal.cuh: double exp rounded once, glibc's value but in rare
+//    double-rounding cases; CUDA's expf can be 2 ulp off): sigmoid, the
 //    Sinkhorn softmax and SwiGLU may differ by a few fp32 ulps.
 // sqrtf and '/' are IEEE here (no fast-math; the intrinsics are the _rn ones).
 // No kernel allocates, synchronises or copies to the host: all are CUDA-graph
@@ -24,7 +25,7 @@
 #define DB_THREADS 256   // threads of the one-block-per-row kernels (multiple of 32)
 
 // ref's sigmoid: 1 / (1 + expf(-x)) (v41_sigmoidf)
-__device__ __forceinline__ float db_sigmoid(float x) { return __fdiv_rn(1.0f, __fadd_rn(1.0f, expf(-x))); }
+__device__ __forceinline__ float db_sigmoid(float x) { return __fdiv_rn(1.0f, __fadd_rn(1.0f, g_expf_ref(-x))); }
 
 __device__ __forceinline__ double db_warp_sum_d(double v)
 {
@@ -141,7 +142,7 @@ __global__ void db_sinkhorn_kernel(const float *__restrict__ mixes, const float 
         float sum = 0.0f;
 #pragma unroll
         for (int j = 0; j < H; j++) {
-            c[i][j] = expf(__fsub_rn(c[i][j], mx));
+            c[i][j] = g_expf_ref(__fsub_rn(c[i][j], mx));
             sum = __fadd_rn(sum, c[i][j]);
         }
 #pragma unroll
@@ -349,7 +350,7 @@ __global__ void db_swiglu_kernel(const uint16_t *__restrict__ h13, int n, int I,
         if (uv > L) uv = L;
         if (gv > L) gv = L;
     }
-    float hv = __fmul_rn(__fdiv_rn(gv, __fadd_rn(1.0f, expf(-gv))), uv);
+    float hv = __fmul_rn(__fdiv_rn(gv, __fadd_rn(1.0f, g_expf_ref(-gv))), uv);
     if (wts) hv = __fmul_rn(wts[r], hv);
     out[q] = g_f2bf(hv);
 }

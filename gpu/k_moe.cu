@@ -26,7 +26,7 @@ __global__ void g_route_kernel(const float *__restrict__ logits, const float *__
     float mx = -INFINITY, den = 0.0f;
     if (score_func == 1) {
         for (int e = 0; e < E; e++) mx = fmaxf(mx, l[e] / temp);
-        for (int e = 0; e < E; e++) den += expf(l[e] / temp - mx);
+        for (int e = 0; e < E; e++) den += g_expf_ref(l[e] / temp - mx);
     }
     int chosen[MOE_KMAX];
     float sc[MOE_KMAX];
@@ -38,9 +38,9 @@ __global__ void g_route_kernel(const float *__restrict__ logits, const float *__
             for (int q = 0; q < j; q++) used |= chosen[q] == e;
             if (used) continue;
             float z = l[e] / temp, s;
-            if (score_func == 0) { float sp = z > 20.0f ? z : log1pf(expf(z)); s = sqrtf(sp); }
-            else if (score_func == 1) s = expf(z - mx) / den;
-            else s = 1.0f / (1.0f + expf(-z));
+            if (score_func == 0) { float sp = z > 20.0f ? z : g_log1pf_ref(g_expf_ref(z)); s = sqrtf(sp); }
+            else if (score_func == 1) s = g_expf_ref(z - mx) / den;
+            else s = 1.0f / (1.0f + g_expf_ref(-z));
             float v = s + (bias ? bias[e] : 0.0f);
             if (best < 0 || v > bv) { best = e; bv = v; bs = s; }
         }

@@ -8,6 +8,12 @@
 #     hits with encoder-side replay; the hit lengths are the scheduler's, engine-independent).
 #     The verification steps run (BS+1)-row GEMMs where plain decoding runs 1-row ones, so the
 #     logits differ by summation order (see tests/test_serving_ref.c); the greedy tokens must not.
+#     Both runs use the hybrid path (V41_GPU_RESIDENT=0, exported below): with the device-resident
+#     decode step, plain decoding would run other kernels (batched expert GEMMs, device routing)
+#     than the verification steps, and a near tie inside a step could then flip a token with no
+#     way to tell it from a defect here. The device step is checked against the hybrid step from
+#     the same caches, with near ties diagnosed from the step's decision taps, in
+#     tests/test_gpu_resident.c.
 #  2. replay-study --engine gpu on prompts <= W reports zero divergence, exactly: nothing is
 #     trimmed, so both arms make the same calls with the same GEMM shapes, and cuBLAS is
 #     deterministic for a fixed shape (bitwise equal, kl_max == 0). On prompts > W the layers
@@ -25,7 +31,7 @@ PY=${PYTHON3:-/usr/bin/python3}
 "$PY" -c 'import json' 2>/dev/null || { echo "skip: no python3"; exit 77; }
 T=$(mktemp -d "${TMPDIR:-/tmp}/v41srvgpu.XXXXXX") || exit 99
 trap 'rm -rf "$T"' EXIT
-export OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1
+export OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 V41_GPU_RESIDENT=0
 
 if ! "$V41" run --engine gpu --random-prompts 1:4 --steps 0 --dump "$T/probe.h5" >/dev/null 2>"$T/probe.err"; then
   if grep -Eq "gpu engine: .*(no CUDA device|no CUDA support)" "$T/probe.err"; then
