@@ -5,7 +5,8 @@
  *
  * Rates come from a measured profile (--profile, v41-profile/1 written by
  * `v41 bench gpu` in the same session), the H200 roofline (default), or
- * --fit: t = c0 + sum_k a_k * T_k + r * rows + q * requests, where T_k is the
+ * --fit: t = c0 + sum_k a_k * T_k + r * rows + [m + r' * rows if the step is not a pure decode
+ * batch] + q * requests, where T_k is the
  * roofline time of op class k in that step, fitted (non-negative least squares) on the even
  * steps and evaluated on the odd ones (held out), or --fit-from CAL.json:
  * fitted on every step of a separate calibration run and evaluated on every
@@ -20,10 +21,12 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* fit features: 1 (per step), the op-class times, query rows, requests in the batch
- * (the last two carry the per-row and per-request host work of an engine that
- * orchestrates on the CPU, like Vidur's CPU-overhead terms) */
-#define NF (1 + V41_OP_NCLASS + 2)
+/* fit features: 1 (per step), the op-class times, query rows, 1 and the rows again when the
+ * step is not a pure decode batch ("mixed" steps), requests in the batch (the row and request
+ * terms carry the host work of an engine that orchestrates on the CPU, like Vidur's
+ * CPU-overhead terms; the GPU engine runs pure decode batches device-resident and the
+ * other steps through its host orchestration, so it has two per-row costs) */
+#define NF (1 + V41_OP_NCLASS + 4)
 
 static void usage(FILE *f)
 {
@@ -32,7 +35,8 @@ static void usage(FILE *f)
                "Predicted vs measured step latency of a `v41 serve-trace --json` run.\n"
                "  --model M     model config (default: the one recorded in SERVE.json)\n"
                "  --profile P   measured rates (v41-profile/1, e.g. `v41 bench gpu --json P`)\n"
-               "  --fit         fit t = c0 + sum_k a_k*T_k + r*rows + q*requests (T_k: time of op class k) on the even\n"
+               "  --fit         fit t = c0 + sum_k a_k*T_k + r*rows + [m + r'*rows] + q*requests (T_k: time of op\n"
+               "                class k; [..]: only for a step that is not a pure decode batch) on the even\n"
                "                steps by non-negative least squares; report the error on the odd steps\n"
                "  --fit-from C  the same fit on every step of another serve-trace run C (a calibration set of\n"
                "                batch mixes), evaluated on every step of SERVE.json\n"
@@ -50,23 +54,36 @@ static int cmp_d(const void *a, const void *b)
 
 /* least squares on the active set, dropping the most negative coefficient until none is negative */
 static void nnls_raw(int n, const double *X, const double *y, double *coef);
-/* columns scaled to unit maximum before solving (the features span ns to
- * hundreds of rows), coefficients scaled back */
+/* Relative least squares: minimise sum_i ((pred_i - y_i) / y_i)^2, the error the validation
+ * reports (|pred - meas| / meas), so steps of 1 ms weigh as much as steps of 300 ms (an
+ * absolute fit is ruled by the longest steps and misses short ones by their whole size).
+ * Rows are divided by y_i (targets become 1), then columns scaled to unit maximum (the
+ * features span ns to hundreds of rows), coefficients scaled back. y_i > 0 (load_steps). */
 static void nnls(int n, const double *X, const double *y, double *coef)
 {
     double sc[NF];
-    double *Xs = malloc(sizeof *Xs * (size_t)n * NF);
+    double *Xs = malloc(sizeof *Xs * (size_t)n * NF), *ys = malloc(sizeof *ys * (size_t)(n > 0 ? n : 1));
+    if (!Xs || !ys) {
+        free(Xs);
+        free(ys);
+        for (int a = 0; a < NF; a++) coef[a] = 0;
+        return;
+    }
+    for (int i = 0; i < n; i++) {
+        ys[i] = 1;
+        for (int a = 0; a < NF; a++) Xs[i * NF + a] = X[i * NF + a] / y[i];
+    }
     for (int a = 0; a < NF; a++) {
         sc[a] = 0;
-        for (int i = 0; i < n; i++) sc[a] = fmax(sc[a], fabs(X[i * NF + a]));
+        for (int i = 0; i < n; i++) sc[a] = fmax(sc[a], fabs(Xs[i * NF + a]));
         if (!(sc[a] > 0)) sc[a] = 1;
     }
-    if (!Xs) { for (int a = 0; a < NF; a++) coef[a] = 0; return; }
     for (int i = 0; i < n; i++)
-        for (int a = 0; a < NF; a++) Xs[i * NF + a] = X[i * NF + a] / sc[a];
-    nnls_raw(n, Xs, y, coef);
+        for (int a = 0; a < NF; a++) Xs[i * NF + a] /= sc[a];
+    nnls_raw(n, Xs, ys, coef);
     for (int a = 0; a < NF; a++) coef[a] /= sc[a];
     free(Xs);
+    free(ys);
 }
 
 static void nnls_raw(int n, const double *X, const double *y, double *coef)
@@ -201,8 +218,12 @@ static int load_steps(const char *path, const cJSON *j, v41_cost_model *cm, step
         for (int c = 0; c < V41_OP_NCLASS; c++) S->X[i * NF + 1 + c] = sc.time_c[c];
         double rows = 0;
         for (int k = 0; k < ni; k++) rows += (double)(items[k].end - items[k].start);
+        bool pure_decode = true;
+        for (int k = 0; k < ni; k++) pure_decode = pure_decode && items[k].kind == V41_ITEM_DECODE;
         S->X[i * NF + 1 + V41_OP_NCLASS] = rows;
-        S->X[i * NF + 2 + V41_OP_NCLASS] = ni;
+        S->X[i * NF + 2 + V41_OP_NCLASS] = pure_decode ? 0 : 1;
+        S->X[i * NF + 3 + V41_OP_NCLASS] = pure_decode ? 0 : rows;
+        S->X[i * NF + 4 + V41_OP_NCLASS] = ni;
     }
     free(items);
     return rc;
@@ -323,7 +344,9 @@ int v41_sim_validate(int argc, char **argv)
             cJSON_AddNumberToObject(cj, "c0_s", coef[0]);
             for (int c = 0; c < V41_OP_NCLASS; c++) cJSON_AddNumberToObject(cj, v41_op_class_name(c), coef[1 + c]);
             cJSON_AddNumberToObject(cj, "per_row_s", coef[1 + V41_OP_NCLASS]);
-            cJSON_AddNumberToObject(cj, "per_request_s", coef[2 + V41_OP_NCLASS]);
+            cJSON_AddNumberToObject(cj, "per_mixed_step_s", coef[2 + V41_OP_NCLASS]);
+            cJSON_AddNumberToObject(cj, "per_mixed_row_s", coef[3 + V41_OP_NCLASS]);
+            cJSON_AddNumberToObject(cj, "per_request_s", coef[4 + V41_OP_NCLASS]);
         }
         cJSON *pa = cJSON_AddArrayToObject(o, "per_step");
         for (int s = 0; s < ns; s++) {
@@ -343,7 +366,8 @@ int v41_sim_validate(int argc, char **argv)
         if (fit) {
             printf("  fit: c0 %.3g s", coef[0]);
             for (int c = 0; c < V41_OP_NCLASS; c++) printf(", %s x%.3g", v41_op_class_name(c), coef[1 + c]);
-            printf(", per row %.3g s, per request %.3g s\n", coef[1 + V41_OP_NCLASS], coef[2 + V41_OP_NCLASS]);
+            printf(", per row %.3g s, per mixed step %.3g s + %.3g s a row, per request %.3g s\n",
+                   coef[1 + V41_OP_NCLASS], coef[2 + V41_OP_NCLASS], coef[3 + V41_OP_NCLASS], coef[4 + V41_OP_NCLASS]);
         }
         printf("  %-6s %-12s %-12s\n", "step", "measured s", "predicted s");
         for (int s = 0; s < ns && s < 12; s++) printf("  %-6d %-12.4g %-12.4g\n", s, meas[s], pred[s]);

@@ -316,6 +316,16 @@ int v41_calib_load(const char *path, v41_calib *c, v41_err *err)
         else if (k == -1) c->per_request = v->valuedouble;
         else c->a[k] = v->valuedouble;
     }
+    for (int k = 0; k < 2 && !rc; k++) { /* optional (calibrations written before they existed): 0 */
+        const char *key = k ? "per_mixed_row_s" : "per_mixed_step_s";
+        const cJSON *v = cJSON_GetObjectItemCaseSensitive(fit, key);
+        double *dst = k ? &c->per_mixed_row : &c->per_mixed_step;
+        *dst = 0;
+        if (v && (!cJSON_IsNumber(v) || !(v->valuedouble >= 0) || !isfinite(v->valuedouble)))
+            rc = v41_err_set(err, V41_EINVAL, "calibration %s: fit key '%s' not a finite number >= 0", path, key);
+        else if (v)
+            *dst = v->valuedouble;
+    }
 out:
     cJSON_Delete(j);
     return rc;
@@ -668,7 +678,10 @@ void v41_cost_step(const v41_cost_model *m, const v41_sim_item *items, int n, in
         (void)n_draft_items;
     }
     if (m->have_cal) {   /* calibrated step time (v41_calib) */
+        bool pure_decode = true;
+        for (int k = 0; k < n; k++) pure_decode = pure_decode && items[k].kind == V41_ITEM_DECODE;
         double t = m->cal.c0 + m->cal.per_row * (double)out->rows + m->cal.per_request * (double)n;
+        if (!pure_decode) t += m->cal.per_mixed_step + m->cal.per_mixed_row * (double)out->rows;
         for (int c2 = 0; c2 < V41_OP_NCLASS; c2++) t += m->cal.a[c2] * out->time_c[c2];
         out->time_s = t;
     }

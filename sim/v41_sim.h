@@ -122,7 +122,10 @@ void v41_cost_step(const v41_cost_model *m, const v41_sim_item *items, int n, in
 
 /* A calibrated step-time model (from `v41 sim --validate ... --fit|--fit-from --json`, schema
  * v41-sim-validate/1, object "fit"): time = c0 + sum_k a[k] * time_c[k] + per_row * rows +
- * per_request * items. It replaces time_s of v41_cost_step (time_c keeps the uncalibrated
+ * [per_mixed_step + per_mixed_row * rows when the step is not a pure decode batch] +
+ * per_request * items (the GPU engine runs pure decode batches device-resident and every other
+ * step through its host orchestration: two regimes; per_mixed_step_s and per_mixed_row_s are
+ * optional in the file, 0 when absent). It replaces time_s of v41_cost_step (time_c keeps the uncalibrated
  * per-class times). Use it for an engine whose step time is not the sum of its kernels'
  * device times (host orchestration, launch and copy overheads). */
 /* Read and parse the JSON file at path (what names it in errors: "profile", ...). *out is
@@ -131,7 +134,7 @@ struct cJSON;
 int v41_json_load(const char *path, const char *what, struct cJSON **out, v41_err *err);
 
 typedef struct v41_calib {
-    double c0, a[V41_OP_NCLASS], per_row, per_request;
+    double c0, a[V41_OP_NCLASS], per_row, per_mixed_step, per_mixed_row, per_request;
     char source[256];
 } v41_calib;
 int v41_calib_load(const char *path, v41_calib *c, v41_err *err);

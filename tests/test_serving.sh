@@ -47,9 +47,11 @@ assert v["schema"] == "v41-sim-validate/1" and v["steps"] >= 4 and v["evaluated"
 assert all(p >= 0 for _, p in v["per_step"]) and v["median_abs_rel_err"] >= 0, v
 print("sim --validate: %d steps, held-out median error %.1f%%" % (v["steps"], 100 * v["median_abs_rel_err"]))
 PYEOF
-# --fit-from: the cost model fitted on another run (plain.json) and evaluated on every step of spec.json
+# --fit-from: the cost model fitted on another run (a calibration run of 6 spaced-out requests: at least as
+# many steps as the model has coefficients) and evaluated on every step of spec.json
 # (all steps evaluated, the measured column is spec.json's step times, NNLS coefficients >= 0)
-"$V41" sim --validate "$tmp/spec.json" --fit-from "$tmp/plain.json" --json > "$tmp/val2.json"
+"$V41" serve-trace --block 8 --synth "n=6,rate=50,in=uniform:12:20,out=fixed:6,groups=1,prefix=8,block=8,seed=6" --max-len 48 --json "$tmp/cal.json" >/dev/null
+"$V41" sim --validate "$tmp/spec.json" --fit-from "$tmp/cal.json" --json > "$tmp/val2.json"
 "$PY" - "$tmp/val2.json" "$tmp/spec.json" <<'PYEOF'
 import json, sys
 v = json.load(open(sys.argv[1])); sp = json.load(open(sys.argv[2]))

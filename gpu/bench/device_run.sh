@@ -92,12 +92,15 @@ for what in "$@"; do
      ./harness/v41 serve-trace $V --synth "n=24,rate=400,in=uniform:8:48,out=uniform:2:12,groups=2,prefix=24,block=8,seed=2" --dspark --json "$OUT/serve-cal2.json" >> "$OUT/serve.log" 2>&1
      # a decode-heavy mix (short prompts, long outputs: small steps) so the calibration spans both ends
      ./harness/v41 serve-trace $V --synth "n=24,rate=300,in=uniform:4:16,out=uniform:8:40,groups=2,prefix=8,block=8,seed=3" --json "$OUT/serve-cal3.json" >> "$OUT/serve.log" 2>&1
+     # short prompts arriving one by one: small mixed steps (a prefill chunk of a few rows beside
+     # decodes), which the GPU engine runs through its host orchestration, unlike pure decode batches
+     ./harness/v41 serve-trace $V --synth "n=24,rate=100,in=uniform:2:10,out=uniform:4:20,groups=2,prefix=0,block=8,seed=4" --json "$OUT/serve-cal4.json" >> "$OUT/serve.log" 2>&1
      ./harness/v41 serve-trace $V --trace "$TOP/traces/mooncake_conversation_head200.jsonl" --limit 80 --json "$OUT/serve-val.json" >> "$OUT/serve.log" 2>&1
      ./harness/v41 serve-trace $V --synth "n=16,rate=1000,in=uniform:16:52,out=fixed:8,groups=1,prefix=32,block=8,seed=7" --dspark --json "$OUT/serve-val2.json" >> "$OUT/serve.log" 2>&1
      ./harness/v41 serve-trace $V --trace "$TOP/traces/azure_conv_head200.csv" --limit 40 --json "$OUT/serve-val3.json" >> "$OUT/serve.log" 2>&1
      echo "serve-trace rc=$?"; grep -E "^serve-trace:" "$OUT/serve.log"
      # one calibration file from both calibration runs (the fit reads one file)
-     merge_steps "$OUT/serve-calall.json" "$OUT/serve-cal.json" "$OUT/serve-cal2.json" "$OUT/serve-cal3.json"
+     merge_steps "$OUT/serve-calall.json" "$OUT/serve-cal.json" "$OUT/serve-cal2.json" "$OUT/serve-cal3.json" "$OUT/serve-cal4.json"
      # and the pooled validation: every validation step of the three runs in one file
      merge_steps "$OUT/serve-valall.json" "$OUT/serve-val.json" "$OUT/serve-val2.json" "$OUT/serve-val3.json"
      for v in serve-val serve-val2 serve-val3 serve-valall; do
