@@ -113,18 +113,6 @@ struct gh_scope {   // sets the thread's engine (and one OpenMP thread) for one 
 
 inline gh_ctx *ctx_of(v41_engine *e) { return (gh_ctx *)e->impl; }
 
-inline bool bf_exact(float f)
-{
-    uint32_t u;
-    memcpy(&u, &f, 4);
-    return (u & 0xffffu) == 0;
-}
-inline uint16_t bf_bits(float f)
-{
-    uint32_t u;
-    memcpy(&u, &f, 4);
-    return (uint16_t)(u >> 16);
-}
 
 int grow(void **p, size_t *cap, size_t n, v41_err *err)
 {

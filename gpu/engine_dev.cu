@@ -136,25 +136,6 @@ int cerr(cudaError_t ce, const char *what, v41_err *err)
 #define KCK(call, what) do { int kr_ = (call); if (kr_) return v41_err_set(err, V41_EINTERNAL, \
     "gpu engine (device path): %s: %s", (what), v41g_error_string(kr_)); } while (0)
 
-inline bool bf_exact(float f)
-{
-    uint32_t u;
-    memcpy(&u, &f, 4);
-    return (u & 0xffffu) == 0;
-}
-inline uint16_t bf_bits(float f)
-{
-    uint32_t u;
-    memcpy(&u, &f, 4);
-    return (uint16_t)(u >> 16);
-}
-inline float bf_val(uint16_t b)
-{
-    uint32_t u = (uint32_t)b << 16;
-    float f;
-    memcpy(&f, &u, 4);
-    return f;
-}
 
 void *dalloc(gd_ctx *g, size_t n, v41_err *err)
 {

@@ -4,6 +4,30 @@
 #pragma once
 #include "v41_engine.h"
 #include "v41_ops.h"
+#include <stdint.h>
+#include <string.h>
+
+// fp32 <-> bf16 bits of the host side (values the device keeps as bf16): is f a bf16 value,
+// its top 16 bits, and back.
+static inline bool bf_exact(float f)
+{
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    return (u & 0xffffu) == 0;
+}
+static inline uint16_t bf_bits(float f)
+{
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    return (uint16_t)(u >> 16);
+}
+static inline float bf_val(uint16_t b)
+{
+    uint32_t u = (uint32_t)b << 16;
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
 
 struct gd_ctx;
 

@@ -28,41 +28,11 @@ int main(void)
 #include "v41_ops.h"
 #include "v41_quant.h"
 #include "test_gpu_probe.h"
+#include "test_gpu_util.h"
 
-static uint64_t rng_state;
-static void rng_seed(uint64_t s) { rng_state = s * 0x9e3779b97f4a7c15ull + 1; }
-static uint32_t rng_u32(void)
-{
-    rng_state ^= rng_state << 13; rng_state ^= rng_state >> 7; rng_state ^= rng_state << 17;
-    return (uint32_t)(rng_state >> 16);
-}
-static float rng_unit(void) { return (rng_u32() & 0xffffff) / 16777216.0f * 2.0f - 1.0f; }   /* [-1,1) */
-static int rng_int(int n) { return n > 0 ? (int)(rng_u32() % (uint32_t)n) : 0; }              /* [0,n) */
 static float f_of(uint32_t u) { float f; memcpy(&f, &u, 4); return f; }
 static uint32_t u_of(float f) { uint32_t u; memcpy(&u, &f, 4); return u; }
 
-static void *up(const void *h, size_t n)
-{
-    void *d = v41g_malloc(n);
-    ck_assert_ptr_nonnull(d);
-    ck_assert_int_eq(v41g_h2d(d, h, n), 0);
-    return d;
-}
-static void *dfill(size_t n, int byte)   /* device buffer of `byte` bytes */
-{
-    void *d = v41g_malloc(n);
-    ck_assert_ptr_nonnull(d);
-    ck_assert_int_eq(v41g_memset(d, byte, n), 0);
-    return d;
-}
-static void *dpoison(size_t n) { return dfill(n, 0xff); }   /* bf16/f32 NaN, u8 0xff */
-static void *down(const void *d, size_t n)
-{
-    void *h = malloc(n ? n : 1);
-    ck_assert_int_eq(v41g_sync(), 0);
-    ck_assert_int_eq(v41g_d2h(h, d, n), 0);
-    return h;
-}
 /* byte-exact comparison of n elements of size es, reporting the first difference */
 static void check_bits(const char *what, const void *got, const void *want, size_t n, size_t es)
 {

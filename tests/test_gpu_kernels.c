@@ -31,67 +31,16 @@ int main(void)
 #else
 #include "v41_gpu.h"
 #include "test_gpu_probe.h"
+#include "test_gpu_util.h"
 #include "gpu_cpu_ref.h"
 
-static uint64_t rng_state;
-static void rng_seed(uint64_t s) { rng_state = s * 0x9e3779b97f4a7c15ull + 1; }
-static uint32_t rng_u32(void)
-{
-    rng_state ^= rng_state << 13; rng_state ^= rng_state >> 7; rng_state ^= rng_state << 17;
-    return (uint32_t)(rng_state >> 16);
-}
-static float rng_unit(void) { return (rng_u32() & 0xffffff) / 16777216.0f * 2.0f - 1.0f; }   /* [-1,1) */
 static uint16_t *rand_bf16(size_t n, float amp)
 {
     uint16_t *x = malloc(2 * n);
     for (size_t i = 0; i < n; i++) x[i] = cr_f2bf(amp * rng_unit());
     return x;
 }
-static float *rand_f32(size_t n, float amp)
-{
-    float *x = malloc(4 * n);
-    for (size_t i = 0; i < n; i++) x[i] = amp * rng_unit();
-    return x;
-}
-static void *up(const void *h, size_t n)
-{
-    void *d = v41g_malloc(n);
-    ck_assert_ptr_nonnull(d);
-    ck_assert_int_eq(v41g_h2d(d, h, n), 0);
-    return d;
-}
-static void *dpoison(size_t n)   /* 0xFF bytes: bf16/f32 NaN, int -1 */
-{
-    void *d = v41g_malloc(n);
-    ck_assert_ptr_nonnull(d);
-    ck_assert_int_eq(v41g_memset(d, 0xff, n), 0);
-    return d;
-}
-static void *down(const void *d, size_t n)
-{
-    void *h = malloc(n);
-    ck_assert_int_eq(v41g_sync(), 0);
-    ck_assert_int_eq(v41g_d2h(h, d, n), 0);
-    return h;
-}
 
-/* |got - exp| <= atol + rtol |exp|, NaN/Inf positions must match. */
-static void check_f32(const char *what, const float *got, const float *exp, size_t n, double atol, double rtol)
-{
-    size_t bad = 0, worst = 0;
-    double wd = -1;
-    for (size_t i = 0; i < n; i++) {
-        double g = got[i], e = exp[i];
-        if (isnan(e) || isinf(e) || isnan(g) || isinf(g)) {
-            if (!(isnan(g) && isnan(e)) && g != e) { if (!bad++) worst = i; wd = INFINITY; }
-            continue;
-        }
-        double d = fabs(g - e), lim = atol + rtol * fabs(e);
-        if (d > lim) { bad++; if (d - lim > wd) { wd = d - lim; worst = i; } }
-    }
-    ck_assert_msg(bad == 0, "%s: %zu of %zu outside tolerance; worst at %zu: got %.9g want %.9g", what, bad, n, worst,
-                  (double)got[worst], (double)exp[worst]);
-}
 static void check_bf16(const char *what, const uint16_t *got, const uint16_t *exp, size_t n, double atol, double rtol)
 {
     float *g = malloc(4 * n), *e = malloc(4 * n);

@@ -118,6 +118,49 @@ static v41_engine *mk(int gpu, const char *resident, const char *graph)
     return e;
 }
 
+/* The script's state and its step s (see the header): the events before the step (rollback of
+ * request 2 at step 12, request 3 forking request 0's prefix at step 15), then the batch of
+ * the step in rq (tokens in toks). Returns whether the batch is a decode batch. */
+typedef struct script {
+    int len[MAXR], nlive;
+    int32_t toks[MAXR][64];
+    v41_req rq[MAXR];
+} script;
+
+static bool script_step(v41_engine *e, script *S, int s, bool *events)
+{
+    static const int plen[3] = {5, 11, 19};
+    v41_err err = {0};
+    if (s == 0) {
+        memset(S, 0, sizeof *S);
+        S->nlive = 3;
+    }
+    *events = false;
+    if (s == 12) { /* rollback of request 2 */
+        ck_assert_msg(e->vt->truncate(e, 2, S->len[2] - 2, &err) == 0, "truncate: %s", err.msg);
+        S->len[2] -= 2;
+        *events = true;
+    }
+    if (s == 15) { /* prefix hit: request 3 forks request 0 */
+        ck_assert_msg(e->vt->fork(e, 0, 3, S->len[0] - 1, &err) == 0, "fork: %s", err.msg);
+        S->len[3] = S->len[0] - 1;
+        S->nlive = 4;
+        *events = true;
+    }
+    bool decode = true;
+    for (int q = 0; q < S->nlive; q++) {
+        int n = s == 0 ? plen[q] : (s == 8 && q == 1 ? 3 : 1);
+        decode = decode && n == 1;
+        for (int i = 0; i < n; i++) S->toks[q][i] = tok_of(q == 3 ? 0 : q, S->len[q] + i);
+        memset(&S->rq[q], 0, sizeof S->rq[q]);
+        S->rq[q].id = q;
+        S->rq[q].start_pos = S->len[q];
+        S->rq[q].n_tokens = n;
+        S->rq[q].tokens = S->toks[q];
+    }
+    return decode;
+}
+
 static void run_script(v41_engine *e, run_out *r)
 {
     const int V = M->cfg.vocab_size;
@@ -125,30 +168,13 @@ static void run_script(v41_engine *e, run_out *r)
     memset(r, 0, sizeof *r);
     r->logits = malloc(sizeof(float) * NSTEP * MAXR * V);
     for (size_t i = 0; i < (size_t)NSTEP * MAXR * V; i++) r->logits[i] = NAN;
-    int len[MAXR] = {0, 0, 0, 0};
-    const int plen[3] = {5, 11, 19};
-    int nlive = 3;
-    int32_t toks[MAXR][64];
+    script S;
+    int *len = S.len;
     for (int s = 0; s < NSTEP; s++) {
-        if (s == 12) { /* rollback of request 2 */
-            ck_assert_msg(e->vt->truncate(e, 2, len[2] - 2, &err) == 0, "truncate: %s", err.msg);
-            len[2] -= 2;
-        }
-        if (s == 15) { /* prefix hit: request 3 forks request 0 */
-            ck_assert_msg(e->vt->fork(e, 0, 3, len[0] - 1, &err) == 0, "fork: %s", err.msg);
-            len[3] = len[0] - 1;
-            nlive = 4;
-        }
-        v41_req rq[MAXR];
-        for (int q = 0; q < nlive; q++) {
-            int n = s == 0 ? plen[q] : (s == 8 && q == 1 ? 3 : 1);
-            for (int i = 0; i < n; i++) toks[q][i] = tok_of(q == 3 ? 0 : q, len[q] + i);
-            memset(&rq[q], 0, sizeof rq[q]);
-            rq[q].id = q;
-            rq[q].start_pos = len[q];
-            rq[q].n_tokens = n;
-            rq[q].tokens = toks[q];
-        }
+        bool ev;
+        script_step(e, &S, s, &ev);
+        v41_req *rq = S.rq;
+        const int nlive = S.nlive;
         v41_batch b = {nlive, rq};
         v41_out out;
         ck_assert_msg(e->vt->forward(e, &b, &out, &err) == 0, "step %d: %s", s, err.msg);
@@ -415,38 +441,18 @@ START_TEST(test_resident_step)
     const int V = M->cfg.vocab_size, NL = M->cfg.n_layers;
     v41_engine *e = mk(1, "1", "1");
     v41_err err = {0};
-    int len[MAXR] = {0, 0, 0, 0};
-    const int plen[3] = {5, 11, 19};
-    int nlive = 3, ncmp = 0, ntap = 0, near = 0;
-    int32_t toks[MAXR][64];
+    script S;
+    int *len = S.len, ncmp = 0, ntap = 0, near = 0;
     tapset prev = {0}, cur = {0};
     int prev_pos[MAXR], prev_nr = 0; /* the previous step ran on the device at these positions */
     float *LB = malloc(sizeof(float) * MAXR * V);
     float *ba = malloc(sizeof(float) * 65536), *bb = malloc(sizeof(float) * 65536);
     for (int s = 0; s < NSTEP; s++) {
-        if (s == 12) {
-            ck_assert_msg(e->vt->truncate(e, 2, len[2] - 2, &err) == 0, "truncate: %s", err.msg);
-            len[2] -= 2;
-            prev_nr = 0;
-        }
-        if (s == 15) {
-            ck_assert_msg(e->vt->fork(e, 0, 3, len[0] - 1, &err) == 0, "fork: %s", err.msg);
-            len[3] = len[0] - 1;
-            nlive = 4;
-            prev_nr = 0;
-        }
-        v41_req rq[MAXR];
-        bool decode = true;
-        for (int q = 0; q < nlive; q++) {
-            int n = s == 0 ? plen[q] : (s == 8 && q == 1 ? 3 : 1);
-            decode = decode && n == 1;
-            for (int i = 0; i < n; i++) toks[q][i] = tok_of(q == 3 ? 0 : q, len[q] + i);
-            memset(&rq[q], 0, sizeof rq[q]);
-            rq[q].id = q;
-            rq[q].start_pos = len[q];
-            rq[q].n_tokens = n;
-            rq[q].tokens = toks[q];
-        }
+        bool ev;
+        const bool decode = script_step(e, &S, s, &ev);
+        if (ev) prev_nr = 0; /* the batch changed: no previous device step to read back */
+        v41_req *rq = S.rq;
+        const int nlive = S.nlive;
         v41_batch b = {nlive, rq};
         v41_out out;
         /* the hybrid step (a sink attached: not eligible for the device path) */
