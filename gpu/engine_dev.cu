@@ -893,12 +893,20 @@ int gd_create(v41_engine *e, gd_ctx **out, const char **why, v41_err *err)
         if ((rc = get_lin(g, e, &E->head, &g->head, why, err))) return fail(rc);
         if (!ok || !g->embed) { gd_destroy(g); *why = "an embedding that is not bf16 values"; return V41_OK; }
     }
-    g->win = (uint16_t *)dalloc(g, 2 * (size_t)g->nL * g->slots * g->S * d, err);
-    g->ckv = (uint16_t *)dalloc(g, 2 * (size_t)(c_rows ? c_rows : 1) * d, err);
-    g->ik = (uint16_t *)dalloc(g, 2 * (size_t)(c_rows ? c_rows : 1) * dI, err);
-    g->kvh = (float *)dalloc(g, 4 * (size_t)(h_rows ? h_rows : 1) * d, err);
-    g->sch = (float *)dalloc(g, 4 * (size_t)(h_rows ? h_rows : 1) * d, err);
-    if (!g->win || !g->ckv || !g->ik || !g->kvh || !g->sch) return fail(err->code);
+    // the cache pools hold every slot's whole history: when they do not fit the device, the
+    // engine stays usable without the device path (the hybrid path keeps its caches on the host)
+    v41_err e2 = {};
+    g->win = (uint16_t *)dalloc(g, 2 * (size_t)g->nL * g->slots * g->S * d, &e2);
+    g->ckv = (uint16_t *)dalloc(g, 2 * (size_t)(c_rows ? c_rows : 1) * d, &e2);
+    g->ik = (uint16_t *)dalloc(g, 2 * (size_t)(c_rows ? c_rows : 1) * dI, &e2);
+    g->kvh = (float *)dalloc(g, 4 * (size_t)(h_rows ? h_rows : 1) * d, &e2);
+    g->sch = (float *)dalloc(g, 4 * (size_t)(h_rows ? h_rows : 1) * d, &e2);
+    if (!g->win || !g->ckv || !g->ik || !g->kvh || !g->sch) {
+        gd_destroy(g);
+        *why = "the device cache pools (every slot's history) do not fit device memory: lower --max-len or the "
+               "number of request slots";
+        return V41_OK;
+    }
     *out = g;
     return V41_OK;
 }
