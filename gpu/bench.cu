@@ -8,6 +8,7 @@
 // "v41-profile/1" (read by the simulator): {"schema","device","ceilings":
 // {"copy_GBps","bf16_gemm_TFLOPs"},"ops":[{"op","name","params","flops","bytes","median_s"}]}.
 #include "g_internal.cuh"
+#include "v41_gpu_dev.h"
 #include <algorithm>
 #include <functional>
 #include <string>
@@ -392,6 +393,138 @@ void small(bench &B, bool quick)
     B.free_all();
 }
 
+// The kernels of the device-resident decode step (gpu/v41_gpu_dev.h) at V4.1-Flash shapes, a
+// decode batch of T = 64 rows. Op "decode": the simulator's profile loader ignores it (these
+// kernels are part of the decode step's "small" work but are not yet in its cost classes).
+// Bytes: every input read once, every output written once.
+void decode_ops(bench &B, bool quick)
+{
+    const int T = 64, V = 129280, m = 2, CB = 8, KB = 2048;
+    int32_t *pos = (int32_t *)B.alloc(T * 4), *fl = (int32_t *)B.alloc(T * 4), *topk = (int32_t *)B.alloc(T * TOPK * 4);
+    int64_t *wr0 = (int64_t *)B.alloc(T * 8), *cr0 = (int64_t *)B.alloc(T * 8), *hr0 = (int64_t *)B.alloc(T * 8),
+            *rows = (int64_t *)B.alloc((size_t)T * HC * 8);
+    int32_t *idx = (int32_t *)B.alloc((size_t)T * (W + TOPK) * 4);
+    {
+        std::vector<int32_t> hp(T), hf(T, 0), ht((size_t)T * TOPK);
+        std::vector<int64_t> hw(T), hc(T), hh(T), hr((size_t)T * HC);
+        for (int t = 0; t < T; t++) {
+            hp[t] = 8191 - (t % 2);   // (p + 1) % m == 0 for even rows: half the rows complete a group
+            hw[t] = (int64_t)t * 8192;
+            hc[t] = (int64_t)t * 4097;
+            hh[t] = (int64_t)2 * t - 8190;
+            for (int j = 0; j < TOPK; j++) ht[(size_t)t * TOPK + j] = j * 7 % 4096;
+            for (int j = 0; j < HC; j++) hr[(size_t)t * HC + j] = (t * 977 + j) % V;
+        }
+        v41g_h2d(pos, hp.data(), T * 4);
+        v41g_h2d(fl, hf.data(), T * 4);
+        v41g_h2d(topk, ht.data(), ht.size() * 4);
+        v41g_h2d(wr0, hw.data(), T * 8);
+        v41g_h2d(cr0, hc.data(), T * 8);
+        v41g_h2d(hr0, hh.data(), T * 8);
+        v41g_h2d(rows, hr.data(), hr.size() * 8);
+    }
+    double t;
+    const std::string pT = fmt("{\"T\":%d}", T);
+    t = B.time([&] { return v41g_dec_lists(pos, fl, wr0, cr0, topk, T, W, TOPK, idx, B.st); });
+    B.rec("decode", "dec_lists_T64", fmt("{\"T\":%d,\"W\":%d,\"k\":%d}", T, W, TOPK), 0,
+          (double)T * TOPK * 4 + (double)T * (W + TOPK) * 4 + T * 24.0, t);
+    {   // compressor step, ratio 2, d = 512: kv and scores in, history rows out, half the rows pool a group
+        float *kv = (float *)B.alloc((size_t)T * HD * 4), *sc = (float *)B.alloc((size_t)T * HD * 4);
+        // history rows: hrow0[t] + p with hrow0[t] = 2t - 8190, so row t owns rows 2t, 2t + 1
+        float *hk = (float *)B.alloc((size_t)2 * T * HD * 4), *hs = (float *)B.alloc((size_t)2 * T * HD * 4);
+        uint16_t *lat = (uint16_t *)B.alloc((size_t)T * HD * 2);
+        uint8_t *em = (uint8_t *)B.alloc(T);
+        v41g_fill_f32(kv, (size_t)T * HD, 60, 1.0f, B.st);
+        v41g_fill_f32(sc, (size_t)T * HD, 61, 1.0f, B.st);
+        t = B.time([&] { return v41g_compress_dec(kv, sc, pos, hr0, T, HD, m, hk, hs, lat, em, B.st); });
+        B.rec("decode", "compress_dec_m2_T64", fmt("{\"T\":%d,\"d\":%d,\"m\":%d}", T, HD, m), 0,
+              (double)T * HD * 4 * 2 * 2 + (double)(T / 2) * m * HD * 4 * 2 + (double)T * HD * 2, t);
+    }
+    for (int L : {8192, 65536}) {   // candidate blocks of the ratio-1 candidate source (B = 8, 2048 blocks kept)
+        if (quick && L != 65536) continue;
+        float *I = (float *)B.alloc((size_t)T * L * 4);
+        uint8_t *mask = (uint8_t *)B.alloc((size_t)T * L);
+        int32_t *Lc = (int32_t *)B.alloc(T * 4), *cmax = (int32_t *)B.alloc(4), *pl = (int32_t *)B.alloc(T * 4);
+        std::vector<int32_t> hl(T, L), hp2(T, L - 1);
+        v41g_h2d(Lc, hl.data(), T * 4);
+        v41g_h2d(pl, hp2.data(), T * 4);
+        v41g_h2d(cmax, hl.data(), 4);
+        v41g_fill_f32(I, (size_t)T * L, 62, 1.0f, B.st);
+        t = B.time([&] { return v41g_cand_mask(I, Lc, pl, T, L, 1, CB, KB, mask, B.st); });
+        B.rec("decode", fmt("cand_mask_T64_L%d", L), fmt("{\"T\":%d,\"L\":%d,\"block\":%d,\"keep\":%d}", T, L, CB, KB), 0,
+              (double)T * L * 4 + (double)T * L, t);
+        t = B.time([&] { return v41g_cand_apply(I, L, mask, L, cmax, T, B.st); });
+        B.rec("decode", fmt("cand_apply_T64_L%d", L), fmt("{\"T\":%d,\"L\":%d}", T, L), 0,
+              (double)T * L * 4 * 2 + (double)T * L, t);
+        B.free_all();
+        pos = (int32_t *)B.alloc(T * 4);   // (re-made below where still needed)
+        std::vector<int32_t> hp(T);
+        for (int q = 0; q < T; q++) hp[q] = 8191 - (q % 2);
+        v41g_h2d(pos, hp.data(), T * 4);
+        rows = (int64_t *)B.alloc((size_t)T * HC * 8);
+        std::vector<int64_t> hr((size_t)T * HC);
+        for (int q = 0; q < T; q++)
+            for (int j = 0; j < HC; j++) hr[(size_t)q * HC + j] = (q * 977 + j) % V;
+        v41g_h2d(rows, hr.data(), hr.size() * 8);
+    }
+    {   // mHC statistics and Sinkhorn, DSpark mean, Engram gate, embedding gather
+        const int mix = (2 + HC) * HC;
+        uint16_t *X = (uint16_t *)B.alloc((size_t)T * HC * D * 2), *y = (uint16_t *)B.alloc((size_t)T * D * 2);
+        uint16_t *kv = (uint16_t *)B.alloc((size_t)T * (HC + 1) * D * 2), *emb = (uint16_t *)B.alloc((size_t)V * D * 2);
+        float *mixes = (float *)B.alloc((size_t)T * mix * 4), *s3 = (float *)B.alloc(16), *base = (float *)B.alloc(mix * 4);
+        float *pre = (float *)B.alloc(T * HC * 4), *post = (float *)B.alloc(T * HC * 4), *comb = (float *)B.alloc(T * HC * HC * 4);
+        float *wq = (float *)B.alloc((size_t)HC * D * 4);
+        v41g_fill_bf16(X, (size_t)T * HC * D, 63, 1.0f, B.st);
+        v41g_fill_bf16(kv, (size_t)T * (HC + 1) * D, 64, 1.0f, B.st);
+        v41g_fill_f32(mixes, (size_t)T * mix, 65, 1.0f, B.st);
+        v41g_fill_f32(s3, 4, 66, 1.0f, B.st);
+        v41g_fill_f32(base, mix, 67, 0.1f, B.st);
+        v41g_fill_f32(wq, (size_t)HC * D, 68, 1.0f, B.st);
+        t = B.time([&] { return v41g_rms_scale(X, T, HC * D, 1e-6f, mixes, mix, B.st); });
+        B.rec("decode", "rms_scale_T64", fmt("{\"T\":%d,\"n\":%d}", T, HC * D), 0,
+              (double)T * HC * D * 2 + (double)T * mix * 4 * 2, t);
+        t = B.time([&] { return v41g_sinkhorn(mixes, s3, base, T, HC, 20, 1e-6f, pre, post, comb, B.st); });
+        B.rec("decode", "sinkhorn_T64", fmt("{\"T\":%d,\"hc\":%d,\"iters\":20}", T, HC), 0,
+              (double)T * mix * 4 + (double)T * (2 * HC + HC * HC) * 4, t);
+        t = B.time([&] { return v41g_hc_mean(X, T, HC, D, y, D, B.st); });
+        B.rec("decode", "hc_mean_T64", fmt("{\"T\":%d,\"hc\":%d,\"dim\":%d}", T, HC, D), 0,
+              (double)T * HC * D * 2 + (double)T * D * 2, t);
+        t = B.time([&] { return v41g_engram_gate(kv, wq, T, HC, D, 1e-6f, X, B.st); });
+        B.rec("decode", "engram_gate_T64", fmt("{\"T\":%d,\"hc\":%d,\"dim\":%d}", T, HC, D), 6.0 * T * HC * D,
+              (double)T * (HC + 1) * D * 2 + 2.0 * T * HC * D * 2 + (double)HC * D * 4, t);
+        t = B.time([&] { return v41g_gather_rows16(emb, D, rows, T * HC, D, X, D, B.st); });
+        B.rec("decode", "gather_rows_embed_T64", fmt("{\"rows\":%d,\"dim\":%d}", T * HC, D), 0,
+              2.0 * T * HC * D * 2, t);
+        B.free_all();
+    }
+    {   // head argmax, MoE SwiGLU and combine
+        float *lg = (float *)B.alloc((size_t)T * V * 4);
+        int32_t *am = (int32_t *)B.alloc(T * 4), *ridx = (int32_t *)B.alloc(T * KA * 4);
+        uint16_t *h13 = (uint16_t *)B.alloc((size_t)T * KA * 2 * IM * 2), *h = (uint16_t *)B.alloc((size_t)T * KA * IM * 2);
+        uint16_t *ye = (uint16_t *)B.alloc((size_t)T * KA * D * 2), *ys = (uint16_t *)B.alloc((size_t)T * D * 2),
+                 *out = (uint16_t *)B.alloc((size_t)T * D * 2);
+        float *wts = (float *)B.alloc(T * KA * 4);
+        std::vector<int32_t> hi((size_t)T * KA);
+        for (int q = 0; q < T; q++)
+            for (int j = 0; j < KA; j++) hi[(size_t)q * KA + j] = (q * 31 + j * 67) % E;
+        v41g_h2d(ridx, hi.data(), hi.size() * 4);
+        v41g_fill_f32(lg, (size_t)T * V, 70, 1.0f, B.st);
+        v41g_fill_bf16(h13, (size_t)T * KA * 2 * IM, 71, 1.0f, B.st);
+        v41g_fill_bf16(ye, (size_t)T * KA * D, 72, 1.0f, B.st);
+        v41g_fill_bf16(ys, (size_t)T * D, 73, 1.0f, B.st);
+        v41g_fill_f32(wts, (size_t)T * KA, 74, 1.0f, B.st);
+        t = B.time([&] { return v41g_argmax_rows(lg, T, V, am, B.st); });
+        B.rec("decode", "argmax_T64", fmt("{\"T\":%d,\"V\":%d}", T, V), 0, (double)T * V * 4 + T * 4.0, t);
+        t = B.time([&] { return v41g_swiglu(h13, T * KA, IM, 10.0f, wts, h, B.st); });
+        B.rec("decode", "swiglu_T64", fmt("{\"rows\":%d,\"inter\":%d}", T * KA, IM), 6.0 * T * KA * IM,
+              (double)T * KA * (2 * IM + IM) * 2 + T * KA * 4.0, t);
+        t = B.time([&] { return v41g_moe_combine(ye, ridx, ys, T, KA, D, out, B.st); });
+        B.rec("decode", "moe_combine_T64", fmt("{\"T\":%d,\"k\":%d,\"dim\":%d}", T, KA, D), (double)T * (KA + 1) * D,
+              (double)T * KA * D * 2 + 2.0 * T * D * 2 + T * KA * 4.0, t);
+    }
+    B.free_all();
+}
+
 // One V4.1-Flash-shaped layer (a ratio-1 layer that runs its indexer; bf16
 // weights, experts dequantized): mHC mixes, q/kv projections with their norms,
 // RoPE and act_quant, indexer scores + top-512, sparse attention over window
@@ -541,9 +674,10 @@ extern "C" int v41g_bench_main(int argc, char **argv)
         else if (!strcmp(argv[i], "--reps") && i + 1 < argc) reps = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--only") && i + 1 < argc) only = argv[++i];
         else if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
-            printf("usage: v41 bench gpu [--json OUT] [--quick] [--reps N] [--only gemm,attn,indexer,moe,small,layer]\n"
+            printf("usage: v41 bench gpu [--json OUT] [--quick] [--reps N] [--only gemm,attn,indexer,moe,small,layer,decode]\n"
                    "  Ceilings (D2D copy, cuBLAS bf16 GEMM) then every CUDA kernel at V4.1-Flash shapes;\n"
-                   "  medians of cudaEvent-timed runs with the L2 flushed. --json writes schema v41-profile/1.\n");
+                   "  medians of cudaEvent-timed runs with the L2 flushed. --json writes schema v41-profile/1.\n"
+                   "  decode (the device-resident decode step's kernels) runs only when --only names it.\n");
             return 0;
         } else { fprintf(stderr, "v41 bench gpu: unknown option '%s' (see --help)\n", argv[i]); return 2; }
     }
@@ -565,6 +699,7 @@ extern "C" int v41g_bench_main(int argc, char **argv)
     if (want("gemm")) gemms(B, quick);
     if (want("moe")) moe(B, quick);
     if (want("layer")) { layer(B, 64, true, 8192); if (!quick) layer(B, 4096, false, 0); }
+    if (only && strstr(only, "decode")) decode_ops(B, quick);   // opt-in: see --help
     v41g_free(B.flush);
     v41g_gemm_release();
     if (json) return write_json(B, json, dev);
