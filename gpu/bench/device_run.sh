@@ -2,7 +2,7 @@
 # device_run.sh: build the GPU parts, run the GPU tests (plus compute-sanitizer)
 # and the benchmark on a machine with a GPU, in one go. Run from the repo root:
 #   gpu/bench/device_run.sh [tests] [memcheck] [racecheck] [bench] [quickbench] [torch]
-#                           [check] [oracle] [parity] [serve] [oracledump] [resident]
+#                           [check] [oracle] [parity] [serve] [oracledump] [resident] [decodebench]
 # The kernel library, its tests and the standalone benchmark are always built;
 # check/oracle/parity/serve also build the harness and every test program
 # (FULL=1 builds them up front).
@@ -66,6 +66,8 @@ for what in "$@"; do
      grep -E "RACECHECK SUMMARY|^[0-9]+%" "$OUT/racecheck.log" | sort | uniq -c | head ;;
   bench) ./gpu/bench/v41_gpu_bench --json "$OUT/profile.json" ${BENCH_ARGS:-} > "$OUT/bench.log" 2>&1; echo "bench rc=$?" ;;
   quickbench) ./gpu/bench/v41_gpu_bench --quick --json "$OUT/profile.json" ${BENCH_ARGS:-} > "$OUT/bench.log" 2>&1; echo "bench rc=$?" ;;
+  decodebench) ./gpu/bench/v41_gpu_bench --only decode --json "$OUT/profile-decode.json" > "$OUT/bench-decode.log" 2>&1
+     echo "decode bench rc=$?"; grep -E "^decode|ceilings" "$OUT/bench-decode.log" ;;
   benchmemcheck) compute-sanitizer --tool memcheck --print-limit 10 ./gpu/bench/v41_gpu_bench --quick --reps 1 \
          --only ${MC_ONLY:-attn} > "$OUT/benchmemcheck.log" 2>&1; echo "benchmemcheck rc=$?"; grep -E "ERROR SUMMARY|Invalid|at .*0x|by thread" "$OUT/benchmemcheck.log" | head -12 ;;
   ncu) ncu --clock-control none -k regex:${NCU_KERNEL:-g_sparse_attn_kernel} -c 1 --section SpeedOfLight --section WarpStateStats \
