@@ -1,6 +1,7 @@
 /* test_gpu_resident: the device-resident decode step of the GPU engine
- * (gpu/engine_dev.cu) against the CPU reference and against the GPU engine's
- * hybrid path, on a serving script that moves the caches between the two copies:
+ * (gpu/engine_dev.cu) against the GPU engine's hybrid path (itself in parity with the
+ * CPU reference: v41 parity, tests/test_parity.sh), on a serving script that moves the
+ * caches between the two copies:
  *
  *   step 0      three requests prefill 5, 11 and 19 tokens (hybrid: not a decode batch);
  *   steps 1-24  all live requests decode one token each (device-resident), except
