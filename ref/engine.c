@@ -1054,20 +1054,12 @@ static int engram(ref_engine *E, fwd *F, int l, const int32_t *hash_ids, int wid
     v41_bf16r_n(rows, (size_t)T * Kin, E->emu);
     rc = v41_linear(&W->eg_wkv, rows, T, kv, E->emu, err);
     if (rc) goto done;
-    const float isd = (float)pow(D, -0.5);
 #pragma omp parallel for schedule(static)
     for (int t = 0; t < T; t++) {
         const float *kt = kv + (size_t)t * N, *val = kt + (size_t)hc * D;
         for (int j = 0; j < hc; j++) {
             float *h = X + ((size_t)t * hc + j) * D;
-            const float *key = kt + (size_t)j * D, *wj = W->eg_w + (size_t)j * D;
-            float rstd = v41_rms_rsqrt(h, D, c->norm_eps) * v41_rms_rsqrt(key, D, c->norm_eps);
-            double dd = 0;
-            for (int i = 0; i < D; i++) dd += (h[i] * wj[i]) * key[i];
-            float dot = (float)dd * rstd * isd;
-            float a = fabsf(dot);
-            if (a < 1e-6f) a = 1e-6f;
-            float g = v41_sigmoidf(copysignf(sqrtf(a), dot));
+            float g = v41_engram_gate(h, kt + (size_t)j * D, W->eg_w + (size_t)j * D, D, c->norm_eps);
             for (int i = 0; i < D; i++) {
                 float v = h[i] + g * val[i];
                 h[i] = E->emu ? v41_bf16r(v) : v;

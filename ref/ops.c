@@ -517,6 +517,17 @@ float v41_rms_rsqrt(const float *x, int64_t n, double eps)
     return 1.0f / sqrtf(mean + (float)eps);
 }
 
+float v41_engram_gate(const float *h, const float *key, const float *w, int64_t D, double eps)
+{
+    float rstd = v41_rms_rsqrt(h, D, eps) * v41_rms_rsqrt(key, D, eps);
+    double dd = 0;
+    for (int64_t i = 0; i < D; i++) dd += (h[i] * w[i]) * key[i];
+    float dot = (float)dd * rstd * (float)pow((double)D, -0.5);
+    float a = fabsf(dot);
+    if (a < 1e-6f) a = 1e-6f;
+    return v41_sigmoidf(copysignf(sqrtf(a), dot));
+}
+
 void v41_rmsnorm(const float *x, const float *w, int64_t n, double eps, float *y, bool emu)
 {
     float r = v41_rms_rsqrt(x, n, eps);

@@ -120,6 +120,10 @@ void v41_gemm_dequant_stats(double *dequant_thread_s, bool reset);
 void v41_rmsnorm(const float *x, const float *w, int64_t n, double eps, float *y, bool emu);
 /* rsqrt(mean(x^2) + eps) in fp32 (squares rounded to fp32, summed in double). */
 float v41_rms_rsqrt(const float *x, int64_t n, double eps);
+/* The Engram gate of one stream row (SPEC §8): rstd = rms_rsqrt(h) * rms_rsqrt(key);
+ * dot = (float)(sum in double of (h_i * w_i) * key_i) * rstd * D^-0.5;
+ * g = sigmoid(copysign(sqrt(max(|dot|, 1e-6)), dot)). The row then becomes h + g * value. */
+float v41_engram_gate(const float *h, const float *key, const float *w, int64_t D, double eps);
 
 typedef struct v41_rope {
     int r;          /* rope dims (even) */

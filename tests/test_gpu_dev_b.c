@@ -203,19 +203,11 @@ START_TEST(test_engram_gate)
     double *tol = malloc(sizeof(double) * nx);
     memcpy(exp, X, 2 * (nx + pad));
     const int N = (h + 1) * D;
-    const float isd = (float)pow(D, -0.5);
-    for (int t = 0; t < T; t++) { /* ref engram(), emu */
+    for (int t = 0; t < T; t++) { /* ref engram(), emu: the gate is ref's own function */
         const float *kt = kvf + (size_t)t * N, *val = kt + (size_t)h * D;
         for (int j = 0; j < h; j++) {
             const float *hr = xf + ((size_t)t * h + j) * D;
-            const float *key = kt + (size_t)j * D, *wj = wq + (size_t)j * D;
-            float rstd = v41_rms_rsqrt(hr, D, (double)eps) * v41_rms_rsqrt(key, D, (double)eps);
-            double dd = 0;
-            for (int i = 0; i < D; i++) dd += (hr[i] * wj[i]) * key[i];
-            float dot = (float)dd * rstd * isd;
-            float a = fabsf(dot);
-            if (a < 1e-6f) a = 1e-6f;
-            float g = v41_sigmoidf(copysignf(sqrtf(a), dot));
+            float g = v41_engram_gate(hr, kt + (size_t)j * D, wq + (size_t)j * D, D, (double)eps);
             /* tolerance: g within a few ulps (expf; the double sum's association, which
              * under cancellation is relative to sum |terms|, moves dot by ~D 2^-53 of
              * that, negligible); h + g*v then within a few ulps of max(|h|, |g v|)
