@@ -61,7 +61,6 @@ struct dlayer {
 
 // Per-step integer inputs, one block copied host -> device per step.
 struct step_layout {
-    int B = 0;
     size_t pos, floor_, emb_rows, win_row0, win_wr, hrow0, c_wr, cpos, ckv_row0, kbase, vis, cmax, erows, total;
 };
 
@@ -69,10 +68,6 @@ struct slot_sync {
     int id = -1;     // request id the counts below belong to
     int dlen = 0;    // rows valid on the device
     int hlen = 0;    // rows valid on the host
-};
-
-struct graph_ent {
-    cudaGraphExec_t exec = nullptr;
 };
 
 }  // namespace
@@ -90,7 +85,6 @@ struct gd_ctx {
     // pools
     uint16_t *win = nullptr, *ckv = nullptr, *ik = nullptr;
     float *kvh = nullptr, *sch = nullptr;
-    int64_t c_rows = 0, h_rows = 0;
     std::vector<slot_sync> sync;
     cudaStream_t st = nullptr;
     cublasHandle_t blas = nullptr;
@@ -99,7 +93,7 @@ struct gd_ctx {
     int Bcap = 0;
     char *act = nullptr;
     size_t act_bytes = 0;
-    std::map<int, graph_ent> graphs;
+    std::map<int, cudaGraphExec_t> graphs;   // one instantiated graph per batch size
     bool use_graph = true, graph_broken = false;
     // step buffer
     step_layout lay;
@@ -170,7 +164,7 @@ float *up_f(gd_ctx *g, const float *x, size_t n, bool *ok, v41_err *err)
     return d;
 }
 
-int get_lin(gd_ctx *g, v41_engine *e, const v41_lin *L, dlin *out, const char **why, v41_err *err)
+int get_lin(v41_engine *e, const v41_lin *L, dlin *out, const char **why, v41_err *err)
 {
     if (!L->w) return V41_OK;
     const bool want_bf = L->kind != V41_LIN_F32;
@@ -182,7 +176,6 @@ int get_lin(gd_ctx *g, v41_engine *e, const v41_lin *L, dlin *out, const char **
     out->K = L->K;
     out->kind = L->kind;
     if (L->kind == V41_LIN_Q && L->K % 32) *why = "an fp8/fp4 Linear whose K is not a multiple of 32";
-    (void)g;
     return V41_OK;
 }
 
@@ -277,7 +270,7 @@ int carve(gd_ctx *g, int B, v41_err *err)
 void drop_graphs(gd_ctx *g)
 {
     for (auto &kv : g->graphs)
-        if (kv.second.exec) cudaGraphExecDestroy(kv.second.exec);
+        if (kv.second) cudaGraphExecDestroy(kv.second);
     g->graphs.clear();
 }
 
@@ -288,7 +281,6 @@ void plan_layout(gd_ctx *g, int B)
     const size_t nL = g->nL, hc = g->c->hc_mult;
     size_t o = 0;
     auto take = [&](size_t bytes) { size_t r = o; o += al(bytes); return r; };
-    y.B = B;
     y.pos = take(4 * (size_t)B);
     y.floor_ = take(4 * (size_t)B);
     y.emb_rows = take(8 * (size_t)B * hc);
@@ -307,9 +299,9 @@ void plan_layout(gd_ctx *g, int B)
 template <typename T> T *HS(gd_ctx *g, size_t off) { return (T *)(g->h_step + off); }
 template <typename T> T *DS(gd_ctx *g, size_t off) { return (T *)(g->d_step + off); }
 
-// ---- Linear on the device (the contract of ref's v41_linear in emulate mode): x bf16
-// [M, K] contiguous; kind Q: act_quant then bf16 GEMM, bf16 out; BF16: bf16 GEMM, bf16 out;
-// F32: fp32 GEMM of the upcast input (cuBLAS pedantic fp32, no TF32), fp32 out.
+// y[M, N] = x[M, K] . w[N, K]^T on the engine's handle: bf16 in, fp32 accumulate, bf16 (or
+// fp32) out; batch > 1: strided batches (the grouped wo_a). Row-major through cuBLAS's
+// column-major view, as k_gemm.cu.
 int gemm16(gd_ctx *g, const uint16_t *x, int ldx, const void *w, void *y, int ldy, int M, int N, int K, bool f32out,
            int batch, long long sx, long long sw, long long sy, v41_err *err)
 {
@@ -329,27 +321,6 @@ int gemm16(gd_ctx *g, const uint16_t *x, int ldx, const void *w, void *y, int ld
     return V41_OK;
 }
 
-int lin(gd_ctx *g, const dlin &L, const uint16_t *x, int M, void *y, v41_err *err)
-{
-    const int N = (int)L.N, K = (int)L.K;
-    if (L.kind == V41_LIN_F32) {
-        KCK(v41g_bf16_to_f32(x, g->tf, (size_t)M * K, g->st), "bf16 -> fp32");
-        const float one = 1.0f, zero = 0.0f;
-        cublasStatus_t s = cublasSgemm(g->blas, CUBLAS_OP_T, CUBLAS_OP_N, N, M, K, &one, (const float *)L.w, K, g->tf,
-                                       K, &zero, (float *)y, N);
-        if (s != CUBLAS_STATUS_SUCCESS)
-            return v41_err_set(err, V41_EINTERNAL, "gpu engine (device path): cuBLAS SGEMM %dx%dx%d: status %d", M, N,
-                               K, (int)s);
-        return V41_OK;
-    }
-    const uint16_t *xin = x;
-    if (L.kind == V41_LIN_Q) {
-        KCK(v41g_act_quant(x, nullptr, nullptr, g->tq, M, K, g->st), "act_quant");
-        xin = g->tq;
-    }
-    return gemm16(g, xin, K, L.w, y, N, M, N, K, false, 1, 0, 0, 0, err);
-}
-
 // fp32 Linear of an fp32 input already on the device (the mHC mixes read X upcast).
 int lin_f32in(gd_ctx *g, const dlin &L, const float *x, int M, float *y, v41_err *err)
 {
@@ -361,6 +332,24 @@ int lin_f32in(gd_ctx *g, const dlin &L, const float *x, int M, float *y, v41_err
         return v41_err_set(err, V41_EINTERNAL, "gpu engine (device path): cuBLAS SGEMM %dx%dx%d: status %d", M, N, K,
                            (int)s);
     return V41_OK;
+}
+
+// ---- Linear on the device (the contract of ref's v41_linear in emulate mode): x bf16
+// [M, K] contiguous; kind Q: act_quant then bf16 GEMM, bf16 out; BF16: bf16 GEMM, bf16 out;
+// F32: fp32 GEMM of the upcast input (cuBLAS pedantic fp32, no TF32), fp32 out.
+int lin(gd_ctx *g, const dlin &L, const uint16_t *x, int M, void *y, v41_err *err)
+{
+    const int N = (int)L.N, K = (int)L.K;
+    if (L.kind == V41_LIN_F32) {
+        KCK(v41g_bf16_to_f32(x, g->tf, (size_t)M * K, g->st), "bf16 -> fp32");
+        return lin_f32in(g, L, g->tf, M, (float *)y, err);
+    }
+    const uint16_t *xin = x;
+    if (L.kind == V41_LIN_Q) {
+        KCK(v41g_act_quant(x, nullptr, nullptr, g->tq, M, K, g->st), "act_quant");
+        xin = g->tq;
+    }
+    return gemm16(g, xin, K, L.w, y, N, M, N, K, false, 1, 0, 0, 0, err);
 }
 
 // ---- one decode step, enqueued on g->st (captured into a graph or run directly)
@@ -375,6 +364,23 @@ int mixes_of(gd_ctx *g, const dlin &fn, const float *scale3, const float *base, 
     KCK(v41g_rms_scale(Xin, B, hc * D, (float)c->norm_eps, g->mixes, mix, g->st), "mixes rms");
     KCK(v41g_sinkhorn(g->mixes, scale3, base, B, hc, c->hc_sinkhorn_iters, (float)c->hc_eps, pre, post, comb, g->st),
         "sinkhorn");
+    return V41_OK;
+}
+
+// The window KV row of every query row (attention step 1, and the DSpark stages' seed):
+// kv_norm(wkv(x)), RoPE at the row's position, act_quant, written into layer l's window pool.
+int window_kv_dev(gd_ctx *g, int l, const uint16_t *x, int B, v41_err *err)
+{
+    const v41_config *c = g->c;
+    const dlayer &W = g->L[l];
+    const int d = c->head_dim;
+    int rc;
+    if ((rc = lin(g, W.wkv, x, B, g->kv, err))) return rc;
+    KCK(v41g_rmsnorm(g->kv, W.kv_norm, g->kvn, B, d, (float)c->norm_eps, g->st), "kv norm");
+    KCK(v41g_rope(g->kvn, DS<int32_t>(g, g->lay.pos), W.freq, B, 1, d, c->rope_head_dim, 0, g->st), "kv rope");
+    KCK(v41g_act_quant(g->kvn, nullptr, nullptr, g->kvq, B, d, g->st), "kv act_quant");
+    KCK(v41g_scatter_rows16(g->kvq, d, DS<int64_t>(g, g->lay.win_wr) + (size_t)l * B, B, d, g->win, d, g->st),
+        "window write");
     return V41_OK;
 }
 
@@ -452,12 +458,7 @@ int attention_dev(gd_ctx *g, int l, int B, bool *have_topk, bool *cand_valid, in
     int rc;
     if ((rc = lin(g, W.wq_a, g->xa, B, g->qr, err))) return rc;
     KCK(v41g_rmsnorm(g->qr, W.q_norm, g->qrn, B, QL, (float)c->norm_eps, g->st), "q norm");
-    if ((rc = lin(g, W.wkv, g->xa, B, g->kv, err))) return rc;
-    KCK(v41g_rmsnorm(g->kv, W.kv_norm, g->kvn, B, d, (float)c->norm_eps, g->st), "kv norm");
-    KCK(v41g_rope(g->kvn, pos, W.freq, B, 1, d, r, 0, g->st), "kv rope");
-    KCK(v41g_act_quant(g->kvn, nullptr, nullptr, g->kvq, B, d, g->st), "kv act_quant");
-    KCK(v41g_scatter_rows16(g->kvq, d, DS<int64_t>(g, y.win_wr) + (size_t)l * B, B, d, g->win, d, g->st),
-        "window write");
+    if ((rc = window_kv_dev(g, l, g->xa, B, err))) return rc;
     const int m = W.ratio;
     if (m > 0) {
         if (W.kv_src && (rc = compressor_dev(g, l, B, err))) return rc;
@@ -541,9 +542,8 @@ int engram_dev(gd_ctx *g, int l, int B, v41_err *err)
 int enqueue_step(gd_ctx *g, int B, v41_err *err)
 {
     const v41_config *c = g->c;
-    const int D = c->dim, hc = c->hc_mult, d = c->head_dim, r = c->rope_head_dim;
+    const int D = c->dim, hc = c->hc_mult;
     const step_layout &y = g->lay;
-    const int32_t *pos = DS<int32_t>(g, y.pos);
     int rc;
     KCK(v41g_gather_rows16(g->embed, D, DS<int64_t>(g, y.emb_rows), B * hc, D, g->X, D, g->st), "embedding");
     DCK(cudaMemcpyAsync(g->premix, g->premix0, sizeof(float) * (size_t)B * hc, cudaMemcpyDeviceToDevice, g->st),
@@ -580,16 +580,8 @@ int enqueue_step(gd_ctx *g, int B, v41_err *err)
         const dlayer &S0 = g->L[c->n_layers];
         if ((rc = lin(g, S0.main_proj, g->mh, B, g->xh, err))) return rc;
         KCK(v41g_rmsnorm(g->xh, S0.main_norm, g->xm, B, D, (float)c->norm_eps, g->st), "dspark main norm");
-        for (int s = 0; s < c->n_mtp_layers; s++) {
-            const int l = c->n_layers + s;
-            const dlayer &W = g->L[l];
-            if ((rc = lin(g, W.wkv, g->xm, B, g->kv, err))) return rc;
-            KCK(v41g_rmsnorm(g->kv, W.kv_norm, g->kvn, B, d, (float)c->norm_eps, g->st), "dspark kv norm");
-            KCK(v41g_rope(g->kvn, pos, W.freq, B, 1, d, r, 0, g->st), "dspark kv rope");
-            KCK(v41g_act_quant(g->kvn, nullptr, nullptr, g->kvq, B, d, g->st), "dspark kv act_quant");
-            KCK(v41g_scatter_rows16(g->kvq, d, DS<int64_t>(g, y.win_wr) + (size_t)l * B, B, d, g->win, d, g->st),
-                "dspark window write");
-        }
+        for (int s = 0; s < c->n_mtp_layers; s++)
+            if ((rc = window_kv_dev(g, c->n_layers + s, g->xm, B, err))) return rc;
     }
     return V41_OK;
 }
@@ -828,7 +820,7 @@ int gd_create(v41_engine *e, gd_ctx **out, const char **why, v41_err *err)
         dlin *ys[] = {&Y.hc_attn_fn, &Y.hc_ffn_fn, &Y.wq_a, &Y.wq_b, &Y.wkv, &Y.wo_a, &Y.wo_b, &Y.c_wkv, &Y.c_wgate,
                       &Y.i_wk, &Y.i_wq_b, &Y.i_wproj, &Y.gate, &Y.eg_wkv, &Y.main_proj};
         for (size_t i = 0; i < sizeof ls / sizeof ls[0] && !*why; i++) {
-            if ((rc = get_lin(g, e, ls[i], ys[i], why, err))) return fail(rc);
+            if ((rc = get_lin(e, ls[i], ys[i], why, err))) return fail(rc);
             need(*ys[i]);
         }
         if (*why) break;
@@ -881,8 +873,6 @@ int gd_create(v41_engine *e, gd_ctx **out, const char **why, v41_err *err)
     g->Smax = Smax;
     g->tq_elems = tq > (size_t)I * 2 ? tq : (size_t)I * 2;
     g->tf_elems = tf > (size_t)hc * D ? tf : (size_t)hc * D;
-    g->c_rows = c_rows;
-    g->h_rows = h_rows;
     // embedding, final norm, head
     {
         const int64_t V = c->vocab_size;
@@ -890,7 +880,7 @@ int gd_create(v41_engine *e, gd_ctx **out, const char **why, v41_err *err)
         if ((rc = v41_dequant_rows(E->embed, NULL, 0, V, t.data(), err))) return fail(rc);
         g->embed = up_bf(g, t.data(), t.size(), &ok, err);
         g->final_norm = up_bf(g, E->norm, D, &ok, err);
-        if ((rc = get_lin(g, e, &E->head, &g->head, why, err))) return fail(rc);
+        if ((rc = get_lin(e, &E->head, &g->head, why, err))) return fail(rc);
         if (!ok || !g->embed) { gd_destroy(g); *why = "an embedding that is not bf16 values"; return V41_OK; }
     }
     // the cache pools hold every slot's whole history: when they do not fit the device, the
@@ -985,8 +975,7 @@ int run_step(gd_ctx *g, v41_engine *e, const v41_batch *b, const int *slot, v41_
     {
         const step_layout &y = g->lay;
         memset(g->h_step, 0, y.total);
-        const int hc = c->hc_mult, S = g->S, Wn = c->window_size;
-        (void)Wn;
+        const int hc = c->hc_mult, S = g->S;
         int32_t *pos = HS<int32_t>(g, y.pos), *fl = HS<int32_t>(g, y.floor_), *cpos = HS<int32_t>(g, y.cpos),
                 *vis = HS<int32_t>(g, y.vis);
         int64_t *emb = HS<int64_t>(g, y.emb_rows), *wr0 = HS<int64_t>(g, y.win_row0), *wwr = HS<int64_t>(g, y.win_wr),
@@ -1073,13 +1062,13 @@ int run_step(gd_ctx *g, v41_engine *e, const v41_batch *b, const int *slot, v41_
                     fprintf(stderr, "gpu engine (device path): graph capture failed (%s); launching directly\n",
                             r2 ? e2.msg : cudaGetErrorString(ce));
             } else {
-                g->graphs[B].exec = exec;
+                g->graphs[B] = exec;
                 g->n_graph_capture++;
                 it = g->graphs.find(B);
             }
         }
         if (!g->graph_broken) {
-            DCK(cudaGraphLaunch(it->second.exec, g->st), "graph launch");
+            DCK(cudaGraphLaunch(it->second, g->st), "graph launch");
             g->n_graph_launch++;
             done = true;
         }

@@ -61,7 +61,8 @@ __device__ __forceinline__ float g_fp4_mag(float v) {
 __device__ __forceinline__ float g_expf_ref(float x) { return (float)exp((double)x); }
 __device__ __forceinline__ float g_log1pf_ref(float x) { return (float)log1p((double)x); }
 
-__device__ __forceinline__ float g_warp_sum(float v) {
+// Warp-wide sum by xor butterfly (float, or double where a statistic is summed in double).
+template <typename T> __device__ __forceinline__ T g_warp_sum(T v) {
     for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
     return v;
 }
@@ -69,14 +70,15 @@ __device__ __forceinline__ float g_warp_max(float v) {
     for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
     return v;
 }
-// Block-wide sum (blockDim.x multiple of 32, <= 1024); every thread gets the result.
-__device__ __forceinline__ float g_block_sum(float v, float *sh /*[32]*/) {
+// Block-wide sum (blockDim.x multiple of 32, <= 1024); every thread gets the result. The
+// leading __syncthreads makes consecutive calls on the same sh safe.
+template <typename T> __device__ __forceinline__ T g_block_sum(T v, T *sh /*[32]*/) {
     int lane = threadIdx.x & 31, w = threadIdx.x >> 5, nw = blockDim.x >> 5;
     v = g_warp_sum(v);
     __syncthreads();
     if (lane == 0) sh[w] = v;
     __syncthreads();
-    float r = lane < nw ? sh[lane] : 0.0f;
+    T r = lane < nw ? sh[lane] : T(0);
     return g_warp_sum(r);
 }
 

@@ -27,24 +27,6 @@
 // ref's sigmoid: 1 / (1 + expf(-x)) (v41_sigmoidf)
 __device__ __forceinline__ float db_sigmoid(float x) { return __fdiv_rn(1.0f, __fadd_rn(1.0f, g_expf_ref(-x))); }
 
-__device__ __forceinline__ double db_warp_sum_d(double v)
-{
-    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-    return v;
-}
-// Block-wide double sum (blockDim.x multiple of 32, <= 1024); every thread gets the
-// result. The leading __syncthreads makes consecutive calls on the same sh safe.
-__device__ __forceinline__ double db_block_sum_d(double v, double *sh /*[32]*/)
-{
-    int lane = threadIdx.x & 31, w = threadIdx.x >> 5, nw = blockDim.x >> 5;
-    v = db_warp_sum_d(v);
-    __syncthreads();
-    if (lane == 0) sh[w] = v;
-    __syncthreads();
-    double r = lane < nw ? sh[lane] : 0.0;
-    return db_warp_sum_d(r);
-}
-
 // v41_rms_rsqrt from a double sum s of the fp32 squares of n elements:
 // 1 / sqrtf((float)(s / n) + eps).
 __device__ __forceinline__ float db_rsqrt_stat(double s, int n, float eps)
@@ -67,7 +49,7 @@ __global__ void __launch_bounds__(DB_THREADS) db_rms_scale_kernel(const uint16_t
         float f = g_bf2f(x[i]);
         s += (double)__fmul_rn(f, f);
     }
-    s = db_block_sum_d(s, sh);
+    s = g_block_sum(s, sh);
     float r = db_rsqrt_stat(s, n, eps);
     float *m = mixes + (size_t)t * mix;
     for (int i = threadIdx.x; i < mix; i += blockDim.x) m[i] = __fmul_rn(m[i], r);
@@ -223,9 +205,9 @@ __global__ void __launch_bounds__(DB_THREADS) db_engram_kernel(const uint16_t *_
         sk += (double)__fmul_rn(kv_, kv_);
         sd += (double)__fmul_rn(__fmul_rn(xv, w[i]), kv_);
     }
-    sx = db_block_sum_d(sx, sh);
-    sk = db_block_sum_d(sk, sh);
-    sd = db_block_sum_d(sd, sh);
+    sx = g_block_sum(sx, sh);
+    sk = g_block_sum(sk, sh);
+    sd = g_block_sum(sd, sh);
     const float rstd = __fmul_rn(db_rsqrt_stat(sx, D, eps), db_rsqrt_stat(sk, D, eps));
     const float dot = __fmul_rn(__fmul_rn((float)sd, rstd), isd);
     float a = fabsf(dot);
