@@ -440,33 +440,6 @@ void decode_ops(bench &B, bool quick)
         B.rec("decode", "compress_dec_m2_T64", fmt("{\"T\":%d,\"d\":%d,\"m\":%d}", T, HD, m), 0,
               (double)T * HD * 4 * 2 * 2 + (double)(T / 2) * m * HD * 4 * 2 + (double)T * HD * 2, t);
     }
-    for (int L : {8192, 65536}) {   // candidate blocks of the ratio-1 candidate source (B = 8, 2048 blocks kept)
-        if (quick && L != 65536) continue;
-        float *I = (float *)B.alloc((size_t)T * L * 4);
-        uint8_t *mask = (uint8_t *)B.alloc((size_t)T * L);
-        int32_t *Lc = (int32_t *)B.alloc(T * 4), *cmax = (int32_t *)B.alloc(4), *pl = (int32_t *)B.alloc(T * 4);
-        std::vector<int32_t> hl(T, L), hp2(T, L - 1);
-        v41g_h2d(Lc, hl.data(), T * 4);
-        v41g_h2d(pl, hp2.data(), T * 4);
-        v41g_h2d(cmax, hl.data(), 4);
-        v41g_fill_f32(I, (size_t)T * L, 62, 1.0f, B.st);
-        t = B.time([&] { return v41g_cand_mask(I, Lc, pl, T, L, 1, CB, KB, mask, B.st); });
-        B.rec("decode", fmt("cand_mask_T64_L%d", L), fmt("{\"T\":%d,\"L\":%d,\"block\":%d,\"keep\":%d}", T, L, CB, KB), 0,
-              (double)T * L * 4 + (double)T * L, t);
-        t = B.time([&] { return v41g_cand_apply(I, L, mask, L, cmax, T, B.st); });
-        B.rec("decode", fmt("cand_apply_T64_L%d", L), fmt("{\"T\":%d,\"L\":%d}", T, L), 0,
-              (double)T * L * 4 * 2 + (double)T * L, t);
-        B.free_all();
-        pos = (int32_t *)B.alloc(T * 4);   // (re-made below where still needed)
-        std::vector<int32_t> hp(T);
-        for (int q = 0; q < T; q++) hp[q] = 8191 - (q % 2);
-        v41g_h2d(pos, hp.data(), T * 4);
-        rows = (int64_t *)B.alloc((size_t)T * HC * 8);
-        std::vector<int64_t> hr((size_t)T * HC);
-        for (int q = 0; q < T; q++)
-            for (int j = 0; j < HC; j++) hr[(size_t)q * HC + j] = (q * 977 + j) % V;
-        v41g_h2d(rows, hr.data(), hr.size() * 8);
-    }
     {   // mHC statistics and Sinkhorn, DSpark mean, Engram gate, embedding gather
         const int mix = (2 + HC) * HC;
         uint16_t *X = (uint16_t *)B.alloc((size_t)T * HC * D * 2), *y = (uint16_t *)B.alloc((size_t)T * D * 2);
@@ -523,6 +496,24 @@ void decode_ops(bench &B, bool quick)
               (double)T * KA * D * 2 + 2.0 * T * D * 2 + T * KA * 4.0, t);
     }
     B.free_all();
+    for (int L : {8192, 65536}) {   // candidate blocks of the ratio-1 candidate source (B = 8, 2048 blocks kept)
+        if (quick && L != 65536) continue;
+        float *I = (float *)B.alloc((size_t)T * L * 4);
+        uint8_t *mask = (uint8_t *)B.alloc((size_t)T * L);
+        int32_t *Lc = (int32_t *)B.alloc(T * 4), *cmax = (int32_t *)B.alloc(4), *pl = (int32_t *)B.alloc(T * 4);
+        std::vector<int32_t> hl(T, L), hp2(T, L - 1);
+        v41g_h2d(Lc, hl.data(), T * 4);
+        v41g_h2d(pl, hp2.data(), T * 4);
+        v41g_h2d(cmax, hl.data(), 4);
+        v41g_fill_f32(I, (size_t)T * L, 62, 1.0f, B.st);
+        t = B.time([&] { return v41g_cand_mask(I, Lc, pl, T, L, 1, CB, KB, mask, B.st); });
+        B.rec("decode", fmt("cand_mask_T64_L%d", L), fmt("{\"T\":%d,\"L\":%d,\"block\":%d,\"keep\":%d}", T, L, CB, KB), 0,
+              (double)T * L * 4 + (double)T * L, t);
+        t = B.time([&] { return v41g_cand_apply(I, L, mask, L, cmax, T, B.st); });
+        B.rec("decode", fmt("cand_apply_T64_L%d", L), fmt("{\"T\":%d,\"L\":%d}", T, L), 0,
+              (double)T * L * 4 * 2 + (double)T * L, t);
+        B.free_all();
+    }
 }
 
 // One V4.1-Flash-shaped layer (a ratio-1 layer that runs its indexer; bf16
