@@ -59,9 +59,11 @@ namespace {
 struct gh_w {
     void *d = nullptr;
     bool bf = false;   // bf16 bits (else fp32)
+    v41g_wq q = {};    // q.w != NULL: packed in the storage format (d is NULL; bf true: the values are bf16)
 };
 
-typedef std::tuple<const void *, int64_t, int64_t, int64_t, bool> gh_key;
+// (tensor, row0, N, K, mode): mode 0 fp32, 1 bf16, 2 packed when the format allows (else bf16)
+typedef std::tuple<const void *, int64_t, int64_t, int64_t, int> gh_key;
 
 struct gh_ctx {
     cublasHandle_t h = nullptr;
@@ -69,6 +71,8 @@ struct gh_ctx {
     size_t wbytes = 0;
     void *dx = nullptr, *dq = nullptr, *dy = nullptr;
     size_t cx = 0, cq = 0, cy = 0;
+    void *dws = nullptr, *dwd = nullptr;   // packed Linears: split-K partials, bf16 copy for large M
+    size_t cws = 0, cwd = 0;
     std::vector<float> a, yb;
     std::vector<uint16_t> ab;
     long n_gpu = 0, n_cpu = 0;
@@ -133,13 +137,60 @@ int cuda_err(cudaError_t ce, const char *what, v41_err *err)
     return v41_err_set(err, V41_EINTERNAL, "gpu engine: %s: %s", what, cudaGetErrorString(ce));
 }
 
-// Weight of a Linear on the device: uploaded on first use, kept until destroy.
-int get_weight(gh_ctx *g, const v41_lin *L, bool want_bf, gh_w **out, v41_err *err)
+// y[M, N] = x[M, K] . deq(q)^T for a packed Linear (x bf16 on the device). From M = 256 rows on,
+// the weight is dequantized into a bf16 scratch and the GEMM goes to cuBLAS (the tensor-core
+// rate of a large GEMM is cuBLAS's; the dequantization costs 3 bytes per weight element, small
+// next to 2*M flops per element); below, v41g_wq_gemm reads the packed codes directly.
+// Returns 0 or a CUDA error code.
+int gh_wq_linear(const v41g_wq *q, const uint16_t *x, int M, void *y, bool f32, gh_ctx *g, v41g_stream st)
 {
-    gh_key k(L->w, L->row0, L->N, L->K, want_bf);
+    v41_err e = {};
+    if (M >= 256) {
+        if (grow(&g->dwd, &g->cwd, 2 * (size_t)q->N * q->K, &e)) return (int)cudaErrorMemoryAllocation;
+        int kr = v41g_wq_dequant(q, 0, (uint16_t *)g->dwd, st);
+        return kr ? kr : v41g_gemm_bf16(x, (const uint16_t *)g->dwd, y, M, q->N, q->K, f32 ? 1 : 0, 1, 0, 0, 0, st);
+    }
+    const size_t need = v41g_wq_ws_bytes(q, M);
+    if (need && grow(&g->dws, &g->cws, need, &e)) return (int)cudaErrorMemoryAllocation;
+    return v41g_wq_gemm(q, x, M, y, f32 ? 1 : 0, g->dws, g->cws, st);
+}
+
+// Weight of a Linear on the device: uploaded on first use, kept until destroy. want_pack: an
+// fp8/fp4 Linear whose format fits v41g_wq stays packed (W->q).
+int get_weight(gh_ctx *g, const v41_lin *L, bool want_bf, bool want_pack, gh_w **out, v41_err *err)
+{
+    want_pack = want_pack && want_bf && L->kind == V41_LIN_Q;
+    gh_key k(L->w, L->row0, L->N, L->K, want_pack ? 2 : want_bf ? 1 : 0);
     auto it = g->w.find(k);
     if (it != g->w.end()) { *out = &it->second; return V41_OK; }
     const int64_t N = L->N, K = L->K;
+    gh_wq_host P;
+    if (want_pack && gh_pack_host(L, &P)) {
+        gh_w W;
+        void *dc = nullptr, *ds = nullptr;
+        cudaError_t ce = cudaMalloc(&dc, P.codes.size());
+        if (ce == cudaSuccess) ce = cudaMalloc(&ds, P.scales.size());
+        if (ce == cudaSuccess) ce = cudaMemcpy(dc, P.codes.data(), P.codes.size(), cudaMemcpyHostToDevice);
+        if (ce == cudaSuccess) ce = cudaMemcpy(ds, P.scales.data(), P.scales.size(), cudaMemcpyHostToDevice);
+        if (ce != cudaSuccess) {
+            cudaFree(dc);
+            cudaFree(ds);
+            cudaGetLastError();
+            return v41_err_set(err, V41_ENOMEM, "gpu engine: weight %s (packed): %s", L->w->name ? L->w->name : "?",
+                               cudaGetErrorString(ce));
+        }
+        W.bf = true;
+        W.q.fmt = P.fmt;
+        W.q.N = (int)N;
+        W.q.K = (int)K;
+        W.q.r0 = P.r0;
+        W.q.w = (const uint8_t *)dc;
+        W.q.s = (const uint8_t *)ds;
+        g->wbytes += P.codes.size() + P.scales.size();
+        auto ins = g->w.emplace(k, W);
+        *out = &ins.first->second;
+        return V41_OK;
+    }
     std::vector<float> t((size_t)(N * K));
     int rc = v41_dequant_rows(L->w, L->s, L->row0, N, t.data(), err);
     if (rc) return rc;
@@ -228,7 +279,13 @@ void gh_destroy(v41_engine *e)
                 "%ld indexer score blocks on the device, %ld on the host; %ld top-k blocks on the device, %ld on the host\n",
                 g->n_gpu, g->n_cpu, (double)g->wbytes / 1048576.0, g->n_attn_gpu, g->n_attn_cpu, g->n_small_gpu,
                 g->n_small_cpu, g->n_idx_gpu, g->n_idx_cpu, g->n_topk_gpu, g->n_topk_cpu);
-    for (auto &kv : g->w) cudaFree(kv.second.d);
+    for (auto &kv : g->w) {
+        cudaFree(kv.second.d);
+        cudaFree((void *)kv.second.q.w);
+        cudaFree((void *)kv.second.q.s);
+    }
+    if (g->dws) cudaFree(g->dws);
+    if (g->dwd) cudaFree(g->dwd);
     if (g->dx) cudaFree(g->dx);
     if (g->dq) cudaFree(g->dq);
     if (g->dy) cudaFree(g->dy);
@@ -246,14 +303,73 @@ void gh_destroy(v41_engine *e)
 
 }  // namespace
 
-int gh_dev_weight(v41_engine *e, const v41_lin *L, bool want_bf, const void **d, bool *is_bf, v41_err *err)
+int gh_dev_weight(v41_engine *e, const v41_lin *L, bool want_bf, const void **d, bool *is_bf, v41g_wq *q,
+                  v41_err *err)
 {
     gh_w *W;
-    int rc = get_weight(ctx_of(e), L, want_bf, &W, err);
+    int rc = get_weight(ctx_of(e), L, want_bf, q != nullptr, &W, err);
     if (rc) return rc;
     *d = W->d;
     *is_bf = W->bf;
+    if (q) *q = W->q;
     return V41_OK;
+}
+
+// e8m0 byte of a scale value that is a normal power of two (-1 otherwise)
+static int e8m0_of(const v41_tensor *s, int64_t i)
+{
+    if (s->dtype == V41_DT_F8_E8M0) return ((const uint8_t *)s->data)[i];
+    float f;
+    if (s->dtype == V41_DT_F32) memcpy(&f, (const uint8_t *)s->data + 4 * i, 4);
+    else if (s->dtype == V41_DT_BF16) {
+        uint16_t b;
+        memcpy(&b, (const uint8_t *)s->data + 2 * i, 2);
+        f = bf_val(b);
+    } else
+        return -1;
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    const int e = (int)(u >> 23);   // sign must be 0 and the mantissa 0
+    return (u & 0x807fffffu) || e == 0 || e == 255 ? -1 : e;
+}
+
+bool gh_pack_host(const v41_lin *L, gh_wq_host *out)
+{
+    const v41_tensor *w = L->w, *s = L->s;
+    if (!w || !s || w->ndim != 2 || s->ndim < 1 || s->ndim > 2 || L->kind != V41_LIN_Q) return false;
+    const int64_t Nf = w->shape[0], K = w->shape[1], N = L->N, r0 = L->row0;
+    if (K != L->K || K % 32 || r0 < 0 || r0 + N > Nf || K > INT32_MAX || N > INT32_MAX) return false;
+    const int64_t sr = s->ndim == 2 ? s->shape[0] : 1, sc = s->shape[s->ndim - 1], nbk = K / 32;
+    const uint8_t *d = (const uint8_t *)w->data;
+    gh_wq_host P;
+    if (w->dtype == V41_DT_F8_E4M3) {
+        if (sr != (Nf + 31) / 32 || sc != nbk) return false;   // 32x32 blocks only (not row-wise scales)
+        const int64_t b0 = r0 / 32, b1 = (r0 + N + 31) / 32;
+        P.fmt = V41G_WQ_FP8;
+        P.r0 = (int)(r0 % 32);
+        P.codes.assign(d + r0 * K, d + (r0 + N) * K);
+        P.scales.resize((size_t)((b1 - b0) * nbk));
+        for (int64_t i = 0; i < (b1 - b0) * nbk; i++) {
+            const int e = e8m0_of(s, b0 * nbk + i);
+            if (e < 10 || e > 134) return false;
+            P.scales[(size_t)i] = (uint8_t)e;
+        }
+        for (uint8_t c : P.codes)
+            if ((c & 0x7f) == 0x7f) return false;   // e4m3 NaN
+    } else if (w->dtype == V41_DT_F4) {
+        if (sr != Nf || sc != nbk) return false;
+        P.fmt = V41G_WQ_FP4;
+        P.codes.assign(d + r0 * K / 2, d + (r0 + N) * K / 2);
+        P.scales.resize((size_t)(N * nbk));
+        for (int64_t i = 0; i < N * nbk; i++) {
+            const int e = e8m0_of(s, r0 * nbk + i);
+            if (e < 2 || e > 254) return false;
+            P.scales[(size_t)i] = (uint8_t)e;
+        }
+    } else
+        return false;
+    *out = std::move(P);
+    return true;
 }
 
 extern "C" int v41gh_linear(const v41_lin *L, const float *x, int64_t M, float *y, bool emu, v41_err *err)
@@ -276,7 +392,7 @@ extern "C" int v41gh_linear_ld(const v41_lin *L, const float *x, int64_t ldx, in
         return v41_err_set(err, V41_EINVAL, "%s: fp8/fp4 Linear needs K %% 32 == 0 (K = %lld)",
                            L->w->name ? L->w->name : "?", (long long)K);
     gh_w *W;
-    int rc = get_weight(g, L, want_bf, &W, err);
+    int rc = get_weight(g, L, want_bf, quant, &W, err);
     if (rc) return rc;
     const size_t MK = (size_t)(M * K);
     g->a.resize(MK);
@@ -310,7 +426,8 @@ extern "C" int v41gh_linear_ld(const v41_lin *L, const float *x, int64_t ldx, in
             if (kr) return v41_err_set(err, V41_EINTERNAL, "gpu engine: act_quant: %s", v41g_error_string(kr));
             xin = (const uint16_t *)g->dq;
         }
-        int kr = v41g_gemm_bf16(xin, (const uint16_t *)W->d, g->dy, (int)M, (int)N, (int)K, 1, 1, 0, 0, 0, NULL);
+        int kr = W->q.w ? gh_wq_linear(&W->q, xin, (int)M, g->dy, true, g, NULL)
+                        : v41g_gemm_bf16(xin, (const uint16_t *)W->d, g->dy, (int)M, (int)N, (int)K, 1, 1, 0, 0, 0, NULL);
         if (kr) return v41_err_set(err, V41_EINTERNAL, "gpu engine: bf16 GEMM %s: %s", L->w->name ? L->w->name : "?",
                                    v41g_error_string(kr));
     } else {

@@ -31,6 +31,7 @@ extern "C" {
 #include "v41_quant.h"
 }
 #include <cublas_v2.h>
+#include <algorithm>
 #include <map>
 #include <vector>
 #include <string.h>
@@ -41,6 +42,7 @@ namespace {
 
 struct dlin {
     const void *w = nullptr;   // device weight: bf16 bits (kind Q/BF16) or fp32 (kind F32)
+    v41g_wq q = {};            // or (kind Q, q.w set) fp8/fp4 codes + e8m0 scales in the storage format
     int64_t N = 0, K = 0;
     v41_lin_kind kind = V41_LIN_Q;
 };
@@ -56,6 +58,7 @@ struct dlayer {
     float *attn_base = nullptr, *ffn_base = nullptr, *attn_scale = nullptr, *ffn_scale = nullptr;
     float *sink = nullptr, *freq = nullptr, *gate_bias = nullptr, *eg_w = nullptr;
     uint16_t *w13 = nullptr, *w2 = nullptr, *w13s = nullptr, *w2s = nullptr, *eg_tab = nullptr;
+    v41g_wq q13 = {}, q2 = {}, q13s = {}, q2s = {};   // experts in their storage format (q13.w set), else w13..
     int64_t win_off = 0, c_off = -1, h_off = -1, c_cap = 0;   // pool row offsets (layer base), rows per slot
 };
 
@@ -89,6 +92,8 @@ struct gd_ctx {
     cudaStream_t st = nullptr;
     cublasHandle_t blas = nullptr;
     void *blas_ws = nullptr;
+    void *wq_ws = nullptr, *moe_ws = nullptr;   // split-K partials of packed Linears; v41g_moe_ffn workspace
+    size_t wq_ws_bytes = 0, moe_ws_bytes = 0;
     // activations, sized for Bcap rows
     int Bcap = 0;
     char *act = nullptr;
@@ -169,7 +174,7 @@ int get_lin(v41_engine *e, const v41_lin *L, dlin *out, const char **why, v41_er
     if (!L->w) return V41_OK;
     const bool want_bf = L->kind != V41_LIN_F32;
     bool bf = false;
-    int rc = gh_dev_weight(e, L, want_bf, &out->w, &bf, err);
+    int rc = gh_dev_weight(e, L, want_bf, &out->w, &bf, L->kind == V41_LIN_Q ? &out->q : nullptr, err);
     if (rc) return rc;
     if (want_bf && !bf) { *why = "a fp8/fp4/bf16 weight that is not a bf16 value after dequantization"; out->w = nullptr; }
     out->N = L->N;
@@ -203,6 +208,44 @@ int up_experts(gd_ctx *g, const expert_w *X, int n, int I, int D, uint16_t **w13
     DCK(cudaMemcpy(*w13, b13.data(), 2 * b13.size(), cudaMemcpyHostToDevice), "expert upload");
     DCK(cudaMemcpy(*w2, b2.data(), 2 * b2.size(), cudaMemcpyHostToDevice), "expert upload");
     return V41_OK;
+}
+
+// The same experts kept in their storage format: group x of q13 = w1 rows then w3 rows, of q2 =
+// w2. False (nothing allocated) when some expert's format does not fit v41g_wq or the experts
+// differ in format.
+bool up_experts_q(gd_ctx *g, const expert_w *X, int n, v41g_wq *q13, v41g_wq *q2, v41_err *err)
+{
+    std::vector<uint8_t> c13, s13, c2, s2;
+    int fmt = 0;
+    for (int x = 0; x < n; x++) {
+        gh_wq_host P[3];
+        const v41_lin *parts[3] = {&X[x].w1, &X[x].w3, &X[x].w2};
+        for (int p = 0; p < 3; p++) {
+            if (!gh_pack_host(parts[p], &P[p]) || P[p].r0 != 0) return false;
+            if (!fmt) fmt = P[p].fmt;
+            if (P[p].fmt != fmt) return false;
+        }
+        for (int p = 0; p < 2; p++) {
+            c13.insert(c13.end(), P[p].codes.begin(), P[p].codes.end());
+            s13.insert(s13.end(), P[p].scales.begin(), P[p].scales.end());
+        }
+        c2.insert(c2.end(), P[2].codes.begin(), P[2].codes.end());
+        s2.insert(s2.end(), P[2].scales.begin(), P[2].scales.end());
+    }
+    const v41_lin &a = X[0].w1, &b = X[0].w2;
+    if (fmt == V41G_WQ_FP8 && n > 1) return false;   // 32-row scale blocks: one group (the shared expert)
+    if (fmt == V41G_WQ_FP8 && a.N % 32) return false; // w3's blocks must start a block after w1's
+    uint8_t *d[4] = {(uint8_t *)dalloc(g, c13.size(), err), (uint8_t *)dalloc(g, s13.size(), err),
+                     (uint8_t *)dalloc(g, c2.size(), err), (uint8_t *)dalloc(g, s2.size(), err)};
+    const std::vector<uint8_t> *h[4] = {&c13, &s13, &c2, &s2};
+    for (int i = 0; i < 4; i++)
+        if (!d[i] || cudaMemcpy(d[i], h[i]->data(), h[i]->size(), cudaMemcpyHostToDevice) != cudaSuccess) {
+            cudaGetLastError();
+            return false;
+        }
+    *q13 = v41g_wq{fmt, (int)(2 * a.N), (int)a.K, 0, d[0], d[1], (long long)(c13.size() / n), (long long)(s13.size() / n)};
+    *q2 = v41g_wq{fmt, (int)b.N, (int)b.K, 0, d[2], d[3], (long long)(c2.size() / n), (long long)(s2.size() / n)};
+    return true;
 }
 
 // ---- activation arena (Bcap rows); graphs are captured on these addresses
@@ -263,6 +306,35 @@ int carve(gd_ctx *g, int B, v41_err *err)
             g->act_bytes = o;
         }
     }
+    // workspaces of the storage-format GEMMs (split-K partials, up to B rows) and of the MoE
+    size_t wqb = 0, moeb = 0;
+    auto wq_need = [&](const v41g_wq &q) {
+        if (!q.w) return;
+        for (int m = 1; m <= B; m++) wqb = std::max(wqb, v41g_wq_ws_bytes(&q, m));
+    };
+    for (auto &l : g->L) {
+        for (const dlin *L : {&l.hc_attn_fn, &l.hc_ffn_fn, &l.wq_a, &l.wq_b, &l.wkv, &l.wo_a, &l.wo_b, &l.c_wkv,
+                              &l.c_wgate, &l.i_wk, &l.i_wq_b, &l.i_wproj, &l.gate, &l.eg_wkv, &l.main_proj})
+            wq_need(L->q);
+        if (l.q13.w) {
+            v41g_moe m = {};
+            m.T = B; m.D = c->dim; m.I = c->moe_inter_dim; m.E = l.n_exp; m.k = l.n_act;
+            m.q13 = &l.q13; m.q2 = &l.q2;
+            if (l.q13s.w) { m.q13s = &l.q13s; m.q2s = &l.q2s; }
+            moeb = std::max(moeb, v41g_moe_ws_size(&m));
+        }
+    }
+    wq_need(g->head.q);
+    for (void **p : {&g->wq_ws, &g->moe_ws})
+        if (*p) { cudaFree(*p); *p = nullptr; }
+    g->wq_ws_bytes = g->moe_ws_bytes = 0;
+    if ((wqb && cudaMalloc(&g->wq_ws, wqb) != cudaSuccess) || (moeb && cudaMalloc(&g->moe_ws, moeb) != cudaSuccess)) {
+        cudaGetLastError();
+        g->Bcap = 0;
+        return v41_err_set(err, V41_ENOMEM, "gpu engine (device path): GEMM workspaces for %d rows", B);
+    }
+    g->wq_ws_bytes = wqb;
+    g->moe_ws_bytes = moeb;
     g->Bcap = B;
     return V41_OK;
 }
@@ -348,6 +420,10 @@ int lin(gd_ctx *g, const dlin &L, const uint16_t *x, int M, void *y, v41_err *er
     if (L.kind == V41_LIN_Q) {
         KCK(v41g_act_quant(x, nullptr, nullptr, g->tq, M, K, g->st), "act_quant");
         xin = g->tq;
+    }
+    if (L.q.w) {
+        KCK(v41g_wq_gemm(&L.q, xin, M, y, 0, g->wq_ws, g->wq_ws_bytes, g->st), "storage-format GEMM");
+        return V41_OK;
     }
     return gemm16(g, xin, K, L.w, y, N, M, N, K, false, 1, 0, 0, 0, err);
 }
@@ -494,6 +570,14 @@ int moe_dev(gd_ctx *g, int l, int B, v41_err *err)
     KCK(v41g_moe_route(g->glog, W.gate_bias, B, NE, K, (int)c->score_func, (float)c->gate_temp,
                        c->norm_topk_prob ? 1 : 0, (float)c->route_scale, g->ridx, g->rwts, g->st),
         "routing");
+    if (W.q13.w) {   // storage-format experts: grouped GEMMs over the (expert, token)-sorted rows
+        v41g_moe m = {};
+        m.T = B; m.D = D; m.I = I; m.E = NE; m.k = K; m.limit = Lim;
+        m.q13 = &W.q13; m.q2 = &W.q2;
+        if (W.q13s.w) { m.q13s = &W.q13s; m.q2s = &W.q2s; }
+        KCK(v41g_moe_ffn(&m, g->xa, g->ridx, g->rwts, g->moe_ws, g->ya, g->st), "experts (storage format)");
+        return V41_OK;
+    }
     KCK(v41g_act_quant(g->xa, nullptr, nullptr, g->xq, B, D, g->st), "expert act_quant");
     KCK(v41g_moe_ptrs(g->ridx, B, K, D, I, g->xq, W.w13, W.w2, g->h13, g->hq, g->ye, g->p_x, g->p_w13, g->p_w2,
                       g->p_h13, g->p_h, g->p_y, g->st),
@@ -741,6 +825,8 @@ void gd_destroy(gd_ctx *g)
     for (void *p : g->allocs) cudaFree(p);
     if (g->blas) cublasDestroy(g->blas);
     if (g->blas_ws) cudaFree(g->blas_ws);
+    if (g->wq_ws) cudaFree(g->wq_ws);
+    if (g->moe_ws) cudaFree(g->moe_ws);
     if (g->st) cudaStreamDestroy(g->st);
     delete g;
 }
@@ -851,8 +937,14 @@ int gd_create(v41_engine *e, gd_ctx **out, const char **why, v41_err *err)
         }
         if (W->n_exp > 0 && W->ex && ok && l < c->n_layers) {
             if (W->n_act > 16) { *why = "more than 16 activated experts"; break; }
-            if ((rc = up_experts(g, W->ex, W->n_exp, I, D, &Y.w13, &Y.w2, &ok, err))) return fail(rc);
-            if (W->sh.w1.w && (rc = up_experts(g, &W->sh, 1, I, D, &Y.w13s, &Y.w2s, &ok, err))) return fail(rc);
+            // storage format when the routed experts and the shared expert (if any) all fit v41g_wq
+            v41_err e3 = {};
+            if (!(up_experts_q(g, W->ex, W->n_exp, &Y.q13, &Y.q2, &e3) &&
+                  (!W->sh.w1.w || up_experts_q(g, &W->sh, 1, &Y.q13s, &Y.q2s, &e3)))) {
+                Y.q13 = Y.q2 = Y.q13s = Y.q2s = v41g_wq{};
+                if ((rc = up_experts(g, W->ex, W->n_exp, I, D, &Y.w13, &Y.w2, &ok, err))) return fail(rc);
+                if (W->sh.w1.w && (rc = up_experts(g, &W->sh, 1, I, D, &Y.w13s, &Y.w2s, &ok, err))) return fail(rc);
+            }
         }
         if (W->kv_src && W->ratio > 0) {
             Y.c_cap = g->S / W->ratio + 1;

@@ -4,8 +4,10 @@
 #pragma once
 #include "v41_engine.h"
 #include "v41_ops.h"
+#include "v41_gpu.h"
 #include <stdint.h>
 #include <string.h>
+#include <vector>
 
 // fp32 <-> bf16 bits of the host side (values the device keeps as bf16): is f a bf16 value,
 // its top 16 bits, and back.
@@ -31,9 +33,23 @@ static inline float bf_val(uint16_t b)
 
 struct gd_ctx;
 
+// A Linear's weight packed in its storage format for v41g_wq (host side): the codes of rows
+// row0..row0+N and the e8m0 scale rows they use. gh_pack_host returns false (out untouched)
+// when the checkpoint's format does not fit the kernels: not an fp8/fp4 weight, row-wise fp8
+// scales, fp32/bf16 scales that are not powers of two, or scales outside the range where
+// every dequantized value is a normal bf16 (fp8: e in [10, 134]; fp4: e in [2, 254]).
+struct gh_wq_host {
+    int fmt = 0, r0 = 0;   // V41G_WQ_FP8 / V41G_WQ_FP4; fp8: first row's offset in its 32-row block
+    std::vector<uint8_t> codes, scales;
+};
+bool gh_pack_host(const v41_lin *L, gh_wq_host *out);
+
 // engine.cu: the device copy of a Linear's weight (uploaded on first use, owned by the
-// engine): bf16 bits when want_bf and the dequantized weight is bf16-exact, else fp32.
-int gh_dev_weight(v41_engine *e, const v41_lin *L, bool want_bf, const void **d, bool *is_bf, v41_err *err);
+// engine). With q != NULL, an fp8/fp4 Linear (kind Q) whose format fits gh_pack_host stays
+// packed: q describes it (q->w != NULL) and *d is NULL. Otherwise *d holds bf16 bits when
+// want_bf and the dequantized weight is bf16-exact, else fp32 (and q->w is NULL).
+int gh_dev_weight(v41_engine *e, const v41_lin *L, bool want_bf, const void **d, bool *is_bf, v41g_wq *q,
+                  v41_err *err);
 
 // engine_dev.cu. gd_create: NULL result (and V41_OK) when the device path cannot serve
 // this engine (fp32 precision, weights that are not bf16 values, shapes the kernels do

@@ -19,6 +19,49 @@
 #define G_SIDE_STREAMS 4
 int g_gemm_bf16_side(int side, const uint16_t *x, const uint16_t *w, void *y, int M, int N, int K, cudaStream_t s);
 
+// Side streams of the calling host thread (created on first use, then reused): work forked from
+// the caller's stream with fork() runs on them concurrently and is joined back with join(), both
+// by events, so it stays ordered with the caller's stream (also inside a stream capture, where a
+// fork left open would invalidate the capture: join even after a failed launch). n <= G_SIDE_STREAMS;
+// ok() is false when they could not be created (the caller then runs the work on its own stream).
+struct g_side {
+    int n;
+    cudaStream_t s[G_SIDE_STREAMS] = {};
+    cudaEvent_t ev[G_SIDE_STREAMS + 1] = {};   /* ev[i]: join of s[i]; ev[n]: the fork */
+    explicit g_side(int n_) : n(n_ < G_SIDE_STREAMS ? n_ : G_SIDE_STREAMS) {
+        static thread_local cudaStream_t ts[G_SIDE_STREAMS] = {};
+        static thread_local cudaEvent_t te[G_SIDE_STREAMS + 1] = {};
+        for (int i = 0; i < n; i++) {
+            if (!ts[i]) cudaStreamCreateWithFlags(&ts[i], cudaStreamNonBlocking);
+            s[i] = ts[i];
+        }
+        for (int i = 0; i <= G_SIDE_STREAMS; i++) {
+            if (!te[i]) cudaEventCreateWithFlags(&te[i], cudaEventDisableTiming);
+        }
+        for (int i = 0; i < n; i++) ev[i] = te[i];
+        ev[n] = te[G_SIDE_STREAMS];
+        cudaGetLastError();   // a failed creation leaves NULL: ok() says so
+    }
+    bool ok() const {
+        for (int i = 0; i < n; i++) if (!s[i] || !ev[i]) return false;
+        return ev[n] != NULL;
+    }
+    cudaError_t fork(cudaStream_t st) {
+        cudaError_t e = cudaEventRecord(ev[n], st);
+        for (int i = 0; i < n && e == cudaSuccess; i++) e = cudaStreamWaitEvent(s[i], ev[n], 0);
+        return e;
+    }
+    cudaError_t join(cudaStream_t st) {
+        cudaError_t e = cudaSuccess;
+        for (int i = 0; i < n; i++) {
+            cudaError_t a = cudaEventRecord(ev[i], s[i]);
+            if (a == cudaSuccess) a = cudaStreamWaitEvent(st, ev[i], 0);
+            if (e == cudaSuccess) e = a;
+        }
+        return e;
+    }
+};
+
 __device__ __forceinline__ float g_bf2f(uint16_t b) { return __uint_as_float(((uint32_t)b) << 16); }
 // fp32 -> bf16 round to nearest even; NaN stays NaN (SPEC §2).
 __device__ __forceinline__ uint16_t g_f2bf(float f) {
@@ -54,6 +97,25 @@ __device__ __forceinline__ float g_fp4_mag(float v) {
     return 6.0f;
 }
 
+// ---- tensor-core and async-copy primitives (k_attn.cu, k_wq.cu)
+// 16-byte global -> shared copy that bypasses registers (cp.async, L2 only);
+// src_bytes = 0 zero-fills the destination (padding rows).
+__device__ __forceinline__ void g_cp_async16(uint32_t dst, const void *src, int src_bytes)
+{
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(src_bytes) : "memory");
+}
+__device__ __forceinline__ void g_cp_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+template <int N> __device__ __forceinline__ void g_cp_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory"); }
+
+// pure register op: not volatile, so the compiler may schedule it freely
+__device__ __forceinline__ void g_mma_bf16(float *c, uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
+                                           uint32_t b0, uint32_t b1)
+{
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%0,%1,%2,%3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
 // exp and log1p of the CPU reference's libm (glibc's expf/log1pf are within ~0.5 ulp):
 // evaluated in double and rounded once, they equal glibc's result but in rare double-rounding
 // cases, where CUDA's expf may be 2 ulp away. Used where a decision (routing, Sinkhorn

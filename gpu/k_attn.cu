@@ -53,24 +53,6 @@ __host__ __device__ static inline at_smem at_layout(int d, int cps, int MT)
 }
 #define AT_MAX_CPS 16   /* index list of one split in shared memory: <= 4 KB */
 
-// 16-byte global -> shared copy that bypasses registers (cp.async, L2 only);
-// src_bytes = 0 zero-fills the destination (padding rows).
-__device__ __forceinline__ void g_cp_async16(uint32_t dst, const void *src, int src_bytes)
-{
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(src_bytes) : "memory");
-}
-__device__ __forceinline__ void g_cp_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
-template <int N> __device__ __forceinline__ void g_cp_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory"); }
-
-// pure register op: not volatile, so the compiler may schedule it freely
-__device__ __forceinline__ void g_mma_bf16(float *c, uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
-                                           uint32_t b0, uint32_t b1)
-{
-    asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-        "{%0,%1,%2,%3};\n"
-        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
-}
 // ldmatrix (shared memory reads: volatile, so they stay between the barriers that guard them)
 __device__ __forceinline__ void g_ldsm_x4(uint32_t a, uint32_t &r0, uint32_t &r1, uint32_t &r2, uint32_t &r3)
 {

@@ -133,24 +133,8 @@ __global__ void g_hc_finish_kernel(const float *__restrict__ m2 /*[T, 2NM]*/, co
 }
 
 // The RMS factors need a second full pass over X (T x hD bf16: 168 MB at T = 4096); it runs on
-// a side stream, forked from and joined back into the caller's stream with events (as in
-// k_moe.cu), concurrently with the cuBLAS GEMM's pass. Per host thread, created once; where
-// they cannot be created the pass runs on the caller's stream.
-struct hc_side {
-    cudaStream_t s = NULL;
-    cudaEvent_t fork = NULL, join = NULL;
-    hc_side() {
-        static thread_local cudaStream_t ts = NULL;
-        static thread_local cudaEvent_t tf = NULL, tj = NULL;
-        if (!ts) cudaStreamCreateWithFlags(&ts, cudaStreamNonBlocking);
-        if (!tf) cudaEventCreateWithFlags(&tf, cudaEventDisableTiming);
-        if (!tj) cudaEventCreateWithFlags(&tj, cudaEventDisableTiming);
-        cudaGetLastError();   // (a failed creation leaves NULL: handled by the caller)
-        s = ts; fork = tf; join = tj;
-    }
-    bool ok() const { return s && fork && join; }
-};
-
+// a side stream (g_side), concurrently with the cuBLAS GEMM's pass, or on the caller's stream
+// where no side stream could be created.
 extern "C" int v41g_hc_mixes2(const uint16_t *X, const uint16_t *fn2, const float *base, const float *scale3,
                               int T, int h, int D, float norm_eps, float hc_eps, int iters,
                               float *pre, float *post, float *comb, v41g_stream s)
@@ -164,15 +148,12 @@ extern "C" int v41g_hc_mixes2(const uint16_t *X, const uint16_t *fn2, const floa
     G_CHECK(g_tmp_alloc((void **)&m2, sizeof(float) * ((size_t)T * 2 * NM + T), st));
     float *rr = m2 + (size_t)T * 2 * NM;   // [T] RMS factors
     unsigned gr = (unsigned)((T + 3) / 4);
-    hc_side side;
+    g_side side(1);
     if (side.ok()) {
-        G_CHECK(cudaEventRecord(side.fork, st));
-        G_CHECK(cudaStreamWaitEvent(side.s, side.fork, 0));
-        g_hc_rms_kernel<<<gr, 128, 0, side.s>>>(X, T, h * D, norm_eps, rr);
+        G_CHECK(side.fork(st));
+        g_hc_rms_kernel<<<gr, 128, 0, side.s[0]>>>(X, T, h * D, norm_eps, rr);
         cudaError_t e = cudaGetLastError();
-        // join unconditionally (an open fork would invalidate a stream capture)
-        G_CHECK(cudaEventRecord(side.join, side.s));
-        G_CHECK(cudaStreamWaitEvent(st, side.join, 0));
+        G_CHECK(side.join(st));
         G_CHECK(e);
     }
     // m2[T, 2NM] = X[T, hD] . fn2[2NM, hD]^T (bf16 x bf16, fp32 accumulate and out)

@@ -12,6 +12,7 @@
 // checkpoints are dequantized on upload); inputs of every expert Linear are
 // act_quant'ed first, as the fp4/fp8 Linears do.
 #include "g_internal.cuh"
+#include <algorithm>
 #include <vector>
 
 #define MOE_KMAX 16
@@ -69,9 +70,10 @@ extern "C" int v41g_moe_route(const float *logits, const float *bias, int T, int
 
 // ---- workspace layout
 struct moe_ws {
-    int32_t *counts, *offsets, *perm, *pos_of;
+    int32_t *counts, *offsets, *perm, *pos_of, *xrow;
     uint16_t *xq, *xs, *h13, *h, *ye, *hs13, *hs, *ys;
-    size_t total;
+    void *wsq;      /* split-K partials of the shared expert's storage-format GEMMs */
+    size_t wsq_bytes, total;
 };
 static size_t al256(size_t n) { return (n + 255) & ~(size_t)255; }
 static moe_ws moe_layout(const v41g_moe *m, void *base)
@@ -85,14 +87,27 @@ static moe_ws moe_layout(const v41g_moe *m, void *base)
     TAKE(perm, int32_t, A);
     TAKE(pos_of, int32_t, A);
     TAKE(xq, uint16_t, (size_t)m->T * m->D);
-    TAKE(xs, uint16_t, A * m->D);
+    if (m->q13) {   // grouped storage-format GEMMs read the token rows through xrow: no gathered copy
+        TAKE(xrow, int32_t, A);
+        w.xs = NULL;
+    } else {
+        TAKE(xs, uint16_t, A * m->D);
+        w.xrow = NULL;
+    }
     TAKE(h13, uint16_t, A * 2 * m->I);
     TAKE(h, uint16_t, A * m->I);
     TAKE(ye, uint16_t, A * m->D);
-    if (m->w13s) {
+    w.wsq_bytes = 0;
+    w.wsq = NULL;
+    if (m->w13s || m->q13s) {
         TAKE(hs13, uint16_t, (size_t)m->T * 2 * m->I);
         TAKE(hs, uint16_t, (size_t)m->T * m->I);
         TAKE(ys, uint16_t, (size_t)m->T * m->D);
+        if (m->q13s) {
+            w.wsq_bytes = std::max(v41g_wq_ws_bytes(m->q13s, m->T), v41g_wq_ws_bytes(m->q2s, m->T));
+            w.wsq = b ? b + o : NULL;
+            o += al256(w.wsq_bytes);
+        }
     } else { w.hs13 = w.hs = w.ys = NULL; }
 #undef TAKE
     w.total = o;
@@ -157,6 +172,13 @@ __global__ void g_moe_gather_kernel(const uint16_t *__restrict__ xq, const int32
     *(uint4 *)(xs + (size_t)pos * D + v * 8) = *(const uint4 *)(xq + (size_t)t * D + v * 8);
 }
 
+// xrow[pos] = the token of sorted assignment pos
+__global__ void g_moe_xrow_kernel(const int32_t *__restrict__ perm, int A, int k, int32_t *__restrict__ xrow)
+{
+    const int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < A) xrow[i] = perm[i] / k;
+}
+
 // h[r, i] = bf16(silu(min(g, L)) * clamp(u, -L, L) * wt[r]); g, u = h13[r, i], h13[r, I+i].
 __global__ void g_swiglu_kernel(const uint16_t *__restrict__ h13, const float *__restrict__ wts,
                                 const int32_t *__restrict__ perm, int R, int I, float L, uint16_t *__restrict__ h)
@@ -167,7 +189,7 @@ __global__ void g_swiglu_kernel(const uint16_t *__restrict__ h13, const float *_
     float g = g_bf2f(h13[(size_t)r * 2 * I + c]), u = g_bf2f(h13[(size_t)r * 2 * I + I + c]);
     if (L > 0.0f) { g = fminf(g, L); u = fminf(fmaxf(u, -L), L); }
     float wt = wts ? wts[perm ? perm[r] : r] : 1.0f;
-    float silu = g / (1.0f + expf(-g));
+    float silu = g / (1.0f + g_expf_ref(-g));   /* glibc-equivalent exp, as ref (g_internal.cuh) */
     h[i] = g_f2bf(silu * u * wt);
 }
 
@@ -204,46 +226,52 @@ __global__ void g_moe_combine_kernel(const uint16_t *__restrict__ ye, const uint
     *(uint4 *)(out + (size_t)t * D + v * 8) = o;
 }
 
-// The per-expert GEMMs are small (M = a few to a few hundred rows): one at a time
-// they leave most SMs idle, so they are spread round-robin over G_SIDE_STREAMS side
-// streams (each with its own cuBLAS handle), forked from and joined back into the
-// caller's stream with events. Streams and events are per host thread, created once.
-struct moe_side {
-    cudaStream_t s[G_SIDE_STREAMS];
-    cudaEvent_t ev[G_SIDE_STREAMS + 1];
-    moe_side() {
-        static thread_local cudaStream_t ts[G_SIDE_STREAMS] = {};
-        static thread_local cudaEvent_t te[G_SIDE_STREAMS + 1] = {};
-        for (int i = 0; i < G_SIDE_STREAMS; i++) {
-            if (!ts[i]) cudaStreamCreateWithFlags(&ts[i], cudaStreamNonBlocking);
-            s[i] = ts[i];
-        }
-        for (int i = 0; i <= G_SIDE_STREAMS; i++) {
-            if (!te[i]) cudaEventCreateWithFlags(&te[i], cudaEventDisableTiming);
-            ev[i] = te[i];
-        }
-    }
-    int fork(cudaStream_t st) {
-        for (int i = 0; i < G_SIDE_STREAMS; i++) if (!s[i]) return (int)cudaErrorNotReady;
-        for (int i = 0; i <= G_SIDE_STREAMS; i++) if (!ev[i]) return (int)cudaErrorNotReady;
-        G_CHECK(cudaEventRecord(ev[G_SIDE_STREAMS], st));
-        for (int i = 0; i < G_SIDE_STREAMS; i++) G_CHECK(cudaStreamWaitEvent(s[i], ev[G_SIDE_STREAMS], 0));
-        return 0;
-    }
-    int join(cudaStream_t st) {
-        for (int i = 0; i < G_SIDE_STREAMS; i++) {
-            G_CHECK(cudaEventRecord(ev[i], s[i]));
-            G_CHECK(cudaStreamWaitEvent(st, ev[i], 0));
-        }
-        return 0;
-    }
-};
+// The per-expert GEMMs are small (M = a few to a few hundred rows): one at a time they leave
+// most SMs idle, so they are spread round-robin over the G_SIDE_STREAMS side streams of g_side
+// (each with its own cuBLAS handle).
+static int moe_shared_wq(const v41g_moe *m, const moe_ws &w, cudaStream_t st)
+{
+    int rc;
+    if ((rc = v41g_wq_gemm(m->q13s, w.xq, m->T, w.hs13, 0, w.wsq, w.wsq_bytes, st))) return rc;
+    g_swiglu_kernel<<<(unsigned)(((size_t)m->T * m->I + 255) / 256), 256, 0, st>>>(w.hs13, NULL, NULL, m->T, m->I,
+                                                                                 m->limit, w.hs);
+    G_LAUNCHED();
+    if ((rc = v41g_act_quant(w.hs, NULL, NULL, w.hs, m->T, m->I, st))) return rc;
+    return v41g_wq_gemm(m->q2s, w.hs, m->T, w.ys, 0, w.wsq, w.wsq_bytes, st);
+}
+
+// Routed experts with storage-format weights: two grouped GEMMs over the sorted assignments
+// (groups = experts, offsets on the device), nothing waits for the host.
+static int moe_ffn_wq(const v41g_moe *m, const moe_ws &w, const float *wts, const int32_t *idx, uint16_t *out,
+                      cudaStream_t st)
+{
+    const int A = m->T * m->k, I = m->I;
+    int rc;
+    g_moe_xrow_kernel<<<(A + 255) / 256, 256, 0, st>>>(w.perm, A, m->k, w.xrow);
+    G_LAUNCHED();
+    if ((rc = v41g_wq_gemm_grouped(m->q13, m->E, w.offsets, w.xrow, w.xq, A, w.h13, 0, st))) return rc;
+    g_swiglu_kernel<<<(unsigned)(((size_t)A * I + 255) / 256), 256, 0, st>>>(w.h13, wts, w.perm, A, I, m->limit, w.h);
+    G_LAUNCHED();
+    if ((rc = v41g_act_quant(w.h, NULL, NULL, w.h, A, I, st))) return rc;
+    if ((rc = v41g_wq_gemm_grouped(m->q2, m->E, w.offsets, NULL, w.h, A, w.ye, 0, st))) return rc;
+    if (m->q13s && (rc = moe_shared_wq(m, w, st))) return rc;
+    g_moe_combine_kernel<<<(unsigned)(((size_t)m->T * (m->D / 8) + 255) / 256), 256, 0, st>>>(
+        w.ye, m->q13s ? w.ys : NULL, idx, w.pos_of, m->T, m->k, m->D, out);
+    G_LAUNCHED();
+    return 0;
+}
 
 extern "C" int v41g_moe_ffn(const v41g_moe *m, const uint16_t *x, const int32_t *idx, const float *wts, void *ws,
                             uint16_t *out, v41g_stream s)
 {
     if (m->T <= 0) return 0;
     if (m->D % 32 || m->I % 32 || m->k > MOE_KMAX) return (int)cudaErrorInvalidValue;
+    if (m->q13 && (!m->q2 || m->q13->N != 2 * m->I || m->q13->K != m->D || m->q2->N != m->D || m->q2->K != m->I))
+        return (int)cudaErrorInvalidValue;
+    if (m->q13 && m->w13s && !m->q13s) return (int)cudaErrorInvalidValue;   /* storage-format routed, bf16 shared */
+    if (m->q13s && (!m->q2s || m->q13s->N != 2 * m->I || m->q13s->K != m->D || m->q2s->N != m->D ||
+                    m->q2s->K != m->I))
+        return (int)cudaErrorInvalidValue;
     cudaStream_t st = G_STREAM(s);
     moe_ws w = moe_layout(m, ws);
     const int A = m->T * m->k, D = m->D, I = m->I;
@@ -255,6 +283,7 @@ extern "C" int v41g_moe_ffn(const v41g_moe *m, const uint16_t *x, const int32_t 
     G_LAUNCHED();
     g_moe_sort_kernel<<<m->E, MS_THREADS, 0, st>>>(idx, A, 1, w.counts, w.offsets, w.perm, w.pos_of);
     G_LAUNCHED();
+    if (m->q13) return moe_ffn_wq(m, w, wts, idx, out, st);
     g_moe_gather_kernel<<<(unsigned)(((size_t)A * (D / 8) + 255) / 256), 256, 0, st>>>(w.xq, w.perm, A, m->k, D, w.xs);
     G_LAUNCHED();
     // the host needs the per-expert row counts to issue one GEMM per expert
@@ -262,8 +291,9 @@ extern "C" int v41g_moe_ffn(const v41g_moe *m, const uint16_t *x, const int32_t 
     G_CHECK(cudaMemcpyAsync(off.data(), w.offsets, sizeof(int32_t) * (m->E + 1), cudaMemcpyDeviceToHost, st));
     G_CHECK(cudaStreamSynchronize(st));
     const size_t w13sz = (size_t)2 * I * D, w2sz = (size_t)D * I;
-    moe_side sd;
-    if ((rc = sd.fork(st))) return rc;
+    g_side sd(G_SIDE_STREAMS);
+    if (!sd.ok()) return (int)cudaErrorNotReady;
+    G_CHECK(sd.fork(st));
     for (int e = 0, j = 0; e < m->E; e++) {
         int n = off[e + 1] - off[e];
         if (!n) continue;
@@ -271,11 +301,11 @@ extern "C" int v41g_moe_ffn(const v41g_moe *m, const uint16_t *x, const int32_t 
                                    n, 2 * I, D, sd.s[j]))) return rc;
         j = (j + 1) % G_SIDE_STREAMS;
     }
-    if ((rc = sd.join(st))) return rc;
+    G_CHECK(sd.join(st));
     g_swiglu_kernel<<<(unsigned)(((size_t)A * I + 255) / 256), 256, 0, st>>>(w.h13, wts, w.perm, A, I, m->limit, w.h);
     G_LAUNCHED();
     if ((rc = v41g_act_quant(w.h, NULL, NULL, w.h, A, I, s))) return rc;
-    if ((rc = sd.fork(st))) return rc;
+    G_CHECK(sd.fork(st));
     for (int e = 0, j = 0; e < m->E; e++) {
         int n = off[e + 1] - off[e];
         if (!n) continue;
@@ -283,8 +313,10 @@ extern "C" int v41g_moe_ffn(const v41g_moe *m, const uint16_t *x, const int32_t 
                                    n, D, I, sd.s[j]))) return rc;
         j = (j + 1) % G_SIDE_STREAMS;
     }
-    if ((rc = sd.join(st))) return rc;
-    if (m->w13s) {
+    G_CHECK(sd.join(st));
+    if (m->q13s) {
+        if ((rc = moe_shared_wq(m, w, st))) return rc;
+    } else if (m->w13s) {
         if ((rc = v41g_gemm_bf16(w.xq, m->w13s, w.hs13, m->T, 2 * I, D, 0, 1, 0, 0, 0, s))) return rc;
         g_swiglu_kernel<<<(unsigned)(((size_t)m->T * I + 255) / 256), 256, 0, st>>>(w.hs13, NULL, NULL, m->T, I,
                                                                                    m->limit, w.hs);

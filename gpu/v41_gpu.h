@@ -103,6 +103,43 @@ int v41g_indexer_scores(const uint16_t *q, const float *w, const uint16_t *k, co
 int v41g_topk(const float *I, const int32_t *visible, int T, int S, int k, int32_t *out,
               uint8_t *tie_cut, v41g_stream s);
 
+/* ---- Linears with weights in their storage formats (SPEC §2) ----
+ * W[N,K] kept on the device as the checkpoint stores it (K % 32 == 0):
+ *   V41G_WQ_FP8: e4m3 codes [N][K] (a byte each), e8m0 scales [ceil((r0+N)/32)][K/32]
+ *                (one per 32x32 block; row n of W uses scale row (r0 + n) / 32, so a
+ *                slice of a checkpoint tensor starting at row r0 > 0 keeps its blocks);
+ *   V41G_WQ_FP4: e2m1 codes two per byte, element 2j in the LOW nibble, [N][K/2],
+ *                e8m0 scales [N][K/32] (one per row and 32 columns); r0 must be 0.
+ * Value = code * 2^(e - 127), dequantized to bf16 inside the kernel (exact: an
+ * e4m3 or e2m1 code times a power of two fits bf16). Codes must not be e4m3 NaN
+ * (0x7F/0xFF) and scales not 0xFF (NaN). Grouped calls (MoE experts): group g's
+ * codes start at w + g*w_stride bytes and its scales at s + g*s_stride. */
+enum { V41G_WQ_FP8 = 1, V41G_WQ_FP4 = 2 };
+typedef struct v41g_wq {
+    int fmt;                       /* V41G_WQ_FP8 or V41G_WQ_FP4 */
+    int N, K, r0;
+    const uint8_t *w, *s;          /* codes, scales (device) */
+    long long w_stride, s_stride;  /* bytes between groups (grouped calls only) */
+} v41g_wq;
+/* y[M,N] = x[M,K] . deq(W)^T: x bf16 (for an emulate-mode Linear the caller has
+ * applied act_quant already), fp32 accumulation (order fixed by the shapes and
+ * the workspace size: bitwise repeatable), y bf16 (out_f32 = 0) or fp32.
+ * Tensor cores (mma.sync bf16) with the weights dequantized in registers; small
+ * M splits K across CTAs into ws (fp32 partials, summed in a fixed order by a
+ * second kernel). ws may be NULL or smaller than v41g_wq_ws_bytes: the call
+ * then splits less (never fails for lack of it). */
+size_t v41g_wq_ws_bytes(const v41g_wq *W, int M);
+int v41g_wq_gemm(const v41g_wq *W, const uint16_t *x, int M, void *y, int out_f32, void *ws, size_t ws_bytes,
+                 v41g_stream s);
+/* Grouped: rows p of the sorted problem with off[g] <= p < off[g+1] (off: device
+ * int32 [G+1], off[0] = 0, off[G] = M_total; the counts may live only on the
+ * device) compute y[p, :] = x[xrow[p], :] . deq(W_g)^T (xrow: device int32
+ * [M_total], NULL = identity). y[M_total, N]. */
+int v41g_wq_gemm_grouped(const v41g_wq *W, int G, const int32_t *off, const int32_t *xrow, const uint16_t *x,
+                         int M_total, void *y, int out_f32, v41g_stream s);
+/* Dequantize group g of W to bf16 out[N][K] (large-M callers then use cuBLAS). */
+int v41g_wq_dequant(const v41g_wq *W, int g, uint16_t *out, v41g_stream s);
+
 /* ---- MoE (SPEC §8) ----
  * Gate: scores from fp32 logits[T,E]: sqrt(softplus(l/temp)) (score_func 0),
  * softmax (1) or sigmoid (2); top-k of s+bias (bias may be NULL; ties to the
@@ -124,6 +161,11 @@ typedef struct v41g_moe {
     float limit;
     const uint16_t *w13, *w2;      /* routed experts */
     const uint16_t *w13s, *w2s;    /* shared expert or NULL */
+    /* Weights in their storage formats (v41g_wq) instead: when q13 is set the
+     * routed experts run as two grouped v41g_wq_gemm_grouped calls (group =
+     * expert, N = 2I then D) with no host synchronisation (graph-capturable),
+     * and w13/w2 are ignored; q13s/q2s likewise replace w13s/w2s. */
+    const v41g_wq *q13, *q2, *q13s, *q2s;
 } v41g_moe;
 size_t v41g_moe_ws_size(const v41g_moe *m);
 int v41g_moe_ffn(const v41g_moe *m, const uint16_t *x, const int32_t *idx, const float *wts,

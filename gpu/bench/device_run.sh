@@ -2,7 +2,7 @@
 # device_run.sh: build the GPU parts, run the GPU tests (plus compute-sanitizer)
 # and the benchmark on a machine with a GPU, in one go. Run from the repo root:
 #   gpu/bench/device_run.sh [tests] [memcheck] [racecheck] [bench] [quickbench] [torch]
-#                           [check] [oracle] [parity] [serve] [oracledump] [resident] [decodebench]
+#                           [check] [oracle] [parity] [serve] [oracledump] [resident] [decodebench] [wq]
 # The kernel library, its tests and the standalone benchmark are always built;
 # check/oracle/parity/serve also build the harness and every test program
 # (FULL=1 builds them up front).
@@ -36,7 +36,7 @@ if [ ! -x build-dev/gpu/bench/v41_gpu_bench ] || [ "${REBUILD:-1}" = 1 ]; then
   (cd build-dev && make -j"$J" gpu/libv41gpukern.la gpu/bench/v41_gpu_bench tests/test_gpu_kernels) >> "$OUT/build.log" 2>&1 \
     || { grep -E "error|Error" "$OUT/build.log" | head -40; tail -20 "$OUT/build.log"; exit 1; }
 fi
-case " $* " in *" check "*|*" oracle"*|*" parity "*|*" serve "*|*" resident "*) FULL=1 ;; esac
+case " $* " in *" check "*|*" oracle"*|*" parity "*|*" serve "*|*" resident "*|*" wq "*) FULL=1 ;; esac
 if [ "${FULL:-0}" = 1 ]; then
   (cd build-dev && make -j"$J" && make -j"$J" check TESTS=) >> "$OUT/build.log" 2>&1 \
     || { grep -E "error|Error" "$OUT/build.log" | head -40; tail -20 "$OUT/build.log"; exit 1; }
@@ -139,6 +139,15 @@ for f, name in zip(sys.argv[1:], ("hybrid", "resident")):
           {k: round(st.median(v), 3) for k, v in sorted(by.items())})
 PY
      ;;
+  wq) # weights in their storage formats (gpu/k_wq.cu): the kernel suite, memcheck + racecheck on
+     # it, and the benchmark section (fp8/fp4 GEMMs vs cuBLAS bf16, the MoE with fp4 experts)
+     ./tests/test_gpu_wq > "$OUT/test_gpu_wq.log" 2>&1; echo "test_gpu_wq rc=$?"; grep -E "^[0-9]+%|Fail|Error|error" "$OUT/test_gpu_wq.log" | head -20
+     for tool in memcheck racecheck; do
+       CK_TIMEOUT_MULTIPLIER=40 compute-sanitizer --tool $tool --target-processes all --print-limit 10 ./tests/test_gpu_wq \
+         > "$OUT/$tool-test_gpu_wq.log" 2>&1; echo "$tool test_gpu_wq rc=$?"; grep -E "ERROR SUMMARY|RACECHECK SUMMARY" "$OUT/$tool-test_gpu_wq.log" | sort | uniq -c
+     done
+     ./gpu/bench/v41_gpu_bench --only wq --json "$OUT/profile-wq.json" > "$OUT/bench-wq.log" 2>&1
+     echo "wq bench rc=$?"; grep -E "^(wq|moe|gemm)|ceilings" "$OUT/bench-wq.log" | cut -c1-150 ;;
   torch) (cd "$TOP" && PYTHONUNBUFFERED=1 python3 gpu/bench/torch_layer.py --json "$OUT/torch.json") > "$OUT/torch.log" 2>&1; echo "torch rc=$?"; tail -15 "$OUT/torch.log" ;;
   esac
   echo "$what: $(( $(date +%s) - t0 )) s"
