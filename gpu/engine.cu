@@ -69,6 +69,7 @@ struct gh_ctx {
     cublasHandle_t h = nullptr;
     std::map<gh_key, gh_w> w;
     size_t wbytes = 0;
+    long n_packed = 0;   // weights kept in their storage format
     void *dx = nullptr, *dq = nullptr, *dy = nullptr;
     size_t cx = 0, cq = 0, cy = 0;
     void *dws = nullptr, *dwd = nullptr;   // packed Linears: split-K partials, bf16 copy for large M
@@ -187,6 +188,7 @@ int get_weight(gh_ctx *g, const v41_lin *L, bool want_bf, bool want_pack, gh_w *
         W.q.w = (const uint8_t *)dc;
         W.q.s = (const uint8_t *)ds;
         g->wbytes += P.codes.size() + P.scales.size();
+        g->n_packed++;
         auto ins = g->w.emplace(k, W);
         *out = &ins.first->second;
         return V41_OK;
@@ -274,10 +276,11 @@ void gh_destroy(v41_engine *e)
     e->vt = ref;
     ref->destroy(e);
     if (getenv("V41_GPU_VERBOSE"))
-        fprintf(stderr, "gpu engine: %ld Linears on the device, %ld on the host, %.1f MiB of weights uploaded; "
+        fprintf(stderr, "gpu engine: %ld Linears on the device, %ld on the host, %.1f MiB of weights uploaded "
+                "(%ld kept fp8/fp4); "
                 "%ld attention rows on the device, %ld on the host; %ld small ops on the device, %ld on the host; "
                 "%ld indexer score blocks on the device, %ld on the host; %ld top-k blocks on the device, %ld on the host\n",
-                g->n_gpu, g->n_cpu, (double)g->wbytes / 1048576.0, g->n_attn_gpu, g->n_attn_cpu, g->n_small_gpu,
+                g->n_gpu, g->n_cpu, (double)g->wbytes / 1048576.0, g->n_packed, g->n_attn_gpu, g->n_attn_cpu, g->n_small_gpu,
                 g->n_small_cpu, g->n_idx_gpu, g->n_idx_cpu, g->n_topk_gpu, g->n_topk_cpu);
     for (auto &kv : g->w) {
         cudaFree(kv.second.d);

@@ -807,9 +807,15 @@ long gd_steps(const gd_ctx *g) { return g ? g->n_steps : 0; }
 void gd_report(const gd_ctx *g)
 {
     if (!g) return;
+    int moe_q = 0, moe_n = 0;
+    for (auto &l : g->L) {
+        moe_n += l.q13.w || l.w13;
+        moe_q += l.q13.w != nullptr;
+    }
     fprintf(stderr, "gpu engine (device path): %ld decode steps on the device (%ld graph launches, %ld captures, "
-            "at most %zu nodes a graph), %ld batches not eligible; cache rows %ld up, %ld down\n", g->n_steps,
-            g->n_graph_launch, g->n_graph_capture, g->graph_nodes, g->n_fallback, g->n_rows_up, g->n_rows_down);
+            "at most %zu nodes a graph), %ld batches not eligible; cache rows %ld up, %ld down; experts of %d of %d "
+            "MoE layers kept in their storage format\n", g->n_steps, g->n_graph_launch, g->n_graph_capture,
+            g->graph_nodes, g->n_fallback, g->n_rows_up, g->n_rows_down, moe_q, moe_n);
 }
 
 void gd_destroy(gd_ctx *g)

@@ -70,7 +70,7 @@ for what in "$@"; do
      echo "decode bench rc=$?"; grep -E "^decode|ceilings" "$OUT/bench-decode.log" ;;
   benchmemcheck) compute-sanitizer --tool memcheck --print-limit 10 ./gpu/bench/v41_gpu_bench --quick --reps 1 \
          --only ${MC_ONLY:-attn} > "$OUT/benchmemcheck.log" 2>&1; echo "benchmemcheck rc=$?"; grep -E "ERROR SUMMARY|Invalid|at .*0x|by thread" "$OUT/benchmemcheck.log" | head -12 ;;
-  ncu) ncu --clock-control none -k regex:${NCU_KERNEL:-g_sparse_attn_kernel} -c 1 --section SpeedOfLight --section WarpStateStats \
+  ncu) ncu --clock-control none -k regex:${NCU_KERNEL:-g_sparse_attn_kernel} -c 1 ${NCU_ARGS:-} --section SpeedOfLight --section WarpStateStats \
          --section Occupancy --section LaunchStats --section MemoryWorkloadAnalysis --section SchedulerStats \
          ./gpu/bench/v41_gpu_bench --quick --only ${NCU_ONLY:-attn} > "$OUT/ncu.log" 2>&1; echo "ncu rc=$?" ;;
   check) # the whole suite on the GPU machine: the GPU suites run instead of skipping
