@@ -306,7 +306,7 @@ void moe(bench &B, bool quick)
         float *logits = (float *)B.alloc((size_t)T * E * 4), *wts = (float *)B.alloc((size_t)T * KA * 4);
         int32_t *idx = (int32_t *)B.alloc((size_t)T * KA * 4);
         v41g_fill_bf16(x, (size_t)T * D, 35, 1.0f, B.st);
-        v41g_moe m = {T, D, IM, E, KA, 10.0f, w13, w2, w13s, w2s};
+        v41g_moe m = {T, D, IM, E, KA, 10.0f, w13, w2, w13s, w2s, NULL, NULL, NULL, NULL};
         void *ws = B.alloc(v41g_moe_ws_size(&m));
         auto run = [&] {
             int rc = v41g_gemm_bf16(x, gateW, logits, T, E, D, 1, 1, 0, 0, 0, B.st);
@@ -332,6 +332,166 @@ void moe(bench &B, bool quick)
         }, 7);
         B.rec("gemm", fmt("moe_dense_equiv_T%d", T), fmt("{\"M\":%d,\"N1\":%d,\"N2\":%d,\"K1\":%d,\"K2\":%d}", M,
               2 * IM, D, D, IM), 2.0 * M * 3.0 * D * IM, 2.0 * (3.0 * IM * D + 2.0 * M * D + 3.0 * M * IM), td);
+    }
+    B.free_all();
+}
+
+// ---- Linears over weights in their storage formats (v41g_wq)
+// Codes and scales as the checkpoint stores them, dequantized inside the GEMM: fp8 at the
+// attention and shared-expert shapes of the gemm section, fp4 at the routed experts' shapes, and
+// the MoE over fp4 experts with an fp8 shared expert. Synthetic weights: random code bytes (fp8:
+// bit 3 cleared, so the exponent field is even and never 15: no NaN code 0x7F/0xFF, subnormals
+// and both signs kept; fp4: any byte), every e8m0 scale 120 (2^-7). Bytes count the codes and
+// scales read once. Records are op "wq" (a class of their own: the simulator's bf16 "gemm" and
+// "moe" fits stay bf16-only); params compare with bf16 in the same run: "vs_cublas_bf16" = this
+// time / bf16 cuBLAS at the same shape (the gemm section's record when it ran, else timed here;
+// "cublas_bf16_s" the time used), and for the MoE "vs_dense" = this time / the dense cuBLAS GEMMs
+// of equal FLOPs (moe_dense_equiv) and "vs_moe_bf16" = this time / the bf16-weight MoE (when the
+// moe section ran).
+__global__ void g_bench_bytes_kernel(uint8_t *p, size_t n, uint64_t seed, uint32_t mask)
+{
+    size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x;
+    if (i >= n) return;
+    uint64_t z = seed + 0x9e3779b97f4a7c15ull * (i + 1);   // splitmix64 of the index
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    p[i] = (uint8_t)((z ^ (z >> 31)) & mask);
+}
+void fill_bytes(bench &B, uint8_t *p, size_t n, uint64_t seed, uint32_t mask)
+{
+    g_bench_bytes_kernel<<<(unsigned)((n + 255) / 256), 256, 0, B.st>>>(p, n, seed, mask);
+}
+const uint32_t FP8_CODES = 0xf7, FP4_CODES = 0xff;
+void fill_scales(bench &B, uint8_t *p, size_t n) { cudaMemsetAsync(p, 120, n, B.st); }   // e8m0 2^-7
+
+// median_s of the first record of op whose name (if non-empty) and params (if non-empty) match; -1: none
+double find_op(const bench &B, const char *op, const std::string &name, const std::string &params)
+{
+    for (const op_rec &o : B.ops)
+        if (o.op == op && (name.empty() || o.name == name) && (params.empty() || o.params == params)) return o.median_s;
+    return -1;
+}
+
+void wq(bench &B, bool quick)
+{
+    struct { const char *nm; int fmt, N, K; } sh[] = {
+        {"wq_a", V41G_WQ_FP8, QL, D}, {"wq_b", V41G_WQ_FP8, H * HD, QL}, {"wkv", V41G_WQ_FP8, HD, D},
+        {"wo_b", V41G_WQ_FP8, D, G * OL}, {"shared_w13", V41G_WQ_FP8, 2 * IM, D}, {"shared_w2", V41G_WQ_FP8, D, IM},
+        {"idx_wq_b", V41G_WQ_FP8, NI * DI, QL}, {"expert_w13", V41G_WQ_FP4, 2 * IM, D}, {"expert_w2", V41G_WQ_FP4, D, IM}};
+    const int M8[] = {1, 64, 512, 4096}, M4[] = {1, 8, 64, 512};
+    {
+        size_t wmax = 0, smax = 0, nbf = 0;
+        for (auto &s : sh) {
+            wmax = std::max(wmax, s.fmt == V41G_WQ_FP8 ? (size_t)s.N * s.K : (size_t)s.N * s.K / 2);
+            smax = std::max(smax, s.fmt == V41G_WQ_FP8 ? (size_t)(s.N + 31) / 32 * (s.K / 32) : (size_t)s.N * (s.K / 32));
+            nbf = std::max(nbf, (size_t)s.N * s.K);
+        }
+        uint8_t *codes = (uint8_t *)B.alloc(wmax), *scales = (uint8_t *)B.alloc(smax);
+        uint16_t *x = (uint16_t *)B.alloc((size_t)4096 * 8192 * 2), *y = (uint16_t *)B.alloc((size_t)4096 * 32768 * 2);
+        uint16_t *wb = NULL;   // bf16 weights for cuBLAS, only when the gemm section did not run
+        fill_bytes(B, codes, wmax, 50, FP8_CODES);
+        fill_scales(B, scales, smax);
+        v41g_fill_bf16(x, (size_t)4096 * 8192, 51, 1.0f, B.st);
+        size_t wsmax = 0;   // the full split-K workspace of every call
+        for (auto &s : sh) {
+            v41g_wq W = {s.fmt, s.N, s.K, 0, codes, scales, 0, 0};
+            for (int i = 0; i < 4; i++) wsmax = std::max(wsmax, v41g_wq_ws_bytes(&W, s.fmt == V41G_WQ_FP8 ? M8[i] : M4[i]));
+        }
+        void *ws = wsmax ? B.alloc(wsmax) : NULL;
+        bool fp4_codes = false;
+        for (auto &s : sh) {
+            const bool f8 = s.fmt == V41G_WQ_FP8;
+            if (!f8 && !fp4_codes) { fill_bytes(B, codes, wmax, 52, FP4_CODES); fp4_codes = true; }
+            v41g_wq W = {s.fmt, s.N, s.K, 0, codes, scales, 0, 0};
+            const double wby = f8 ? (double)s.N * s.K + (double)((s.N + 31) / 32) * (s.K / 32)
+                                  : (double)s.N * s.K / 2 + (double)s.N * (s.K / 32);
+            for (int i = 0; i < 4; i++) {
+                const int M = f8 ? M8[i] : M4[i];
+                if (quick && M != (f8 ? 64 : 8)) continue;
+                const size_t wsb = v41g_wq_ws_bytes(&W, M);
+                double t = B.time([&] { return v41g_wq_gemm(&W, x, M, y, 0, ws, wsb, B.st); });
+                double tc = find_op(B, "gemm", "", fmt("{\"M\":%d,\"N\":%d,\"K\":%d,\"batch\":1}", M, s.N, s.K));
+                if (tc < 0) {
+                    if (!wb) {
+                        wb = (uint16_t *)B.alloc(nbf * 2);
+                        v41g_fill_bf16(wb, nbf, 53, 0.05f, B.st);
+                    }
+                    tc = B.time([&] { return v41g_gemm_bf16(x, wb, y, M, s.N, s.K, 0, 1, 0, 0, 0, B.st); });
+                }
+                B.rec("wq", fmt("%s_%s_M%d", s.nm, f8 ? "fp8" : "fp4", M),
+                      fmt("{\"M\":%d,\"N\":%d,\"K\":%d,\"weights\":\"%s\",\"ws_bytes\":%zu,\"vs_cublas_bf16\":%.4g,"
+                          "\"cublas_bf16_s\":%.6g}", M, s.N, s.K, f8 ? "fp8" : "fp4", wsb, t / tc, tc),
+                      2.0 * M * s.N * s.K, wby + 2.0 * M * s.K + 2.0 * M * s.N, t);
+            }
+        }
+        B.free_all();
+    }
+
+    // MoE: routed experts fp4 (w1|w3 [E][2I][D/2] + scales [E][2I][D/32], w2 [E][D][I/2] + [E][D][I/32]),
+    // shared expert fp8 (w1|w3 [2I][D] + [2I/32][D/32], w2 [D][I] + [D/32][I/32]); the gate bf16, as in moe
+    const size_t c13 = (size_t)2 * IM * D / 2, s13 = (size_t)2 * IM * (D / 32), c2 = (size_t)D * IM / 2,
+                 s2 = (size_t)D * (IM / 32);
+    const size_t cs13 = (size_t)2 * IM * D, ss13 = (size_t)(2 * IM / 32) * (D / 32), cs2 = (size_t)D * IM,
+                 ss2 = (size_t)(D / 32) * (IM / 32);
+    uint8_t *q13 = (uint8_t *)B.alloc(E * c13), *q13sc = (uint8_t *)B.alloc(E * s13);
+    uint8_t *q2 = (uint8_t *)B.alloc(E * c2), *q2sc = (uint8_t *)B.alloc(E * s2);
+    uint8_t *qs13 = (uint8_t *)B.alloc(cs13), *qs13sc = (uint8_t *)B.alloc(ss13);
+    uint8_t *qs2 = (uint8_t *)B.alloc(cs2), *qs2sc = (uint8_t *)B.alloc(ss2);
+    fill_bytes(B, q13, E * c13, 54, FP4_CODES);
+    fill_bytes(B, q2, E * c2, 55, FP4_CODES);
+    fill_bytes(B, qs13, cs13, 56, FP8_CODES);
+    fill_bytes(B, qs2, cs2, 57, FP8_CODES);
+    fill_scales(B, q13sc, E * s13);
+    fill_scales(B, q2sc, E * s2);
+    fill_scales(B, qs13sc, ss13);
+    fill_scales(B, qs2sc, ss2);
+    const v41g_wq W13 = {V41G_WQ_FP4, 2 * IM, D, 0, q13, q13sc, (long long)c13, (long long)s13};
+    const v41g_wq W2 = {V41G_WQ_FP4, D, IM, 0, q2, q2sc, (long long)c2, (long long)s2};
+    const v41g_wq W13s = {V41G_WQ_FP8, 2 * IM, D, 0, qs13, qs13sc, 0, 0};
+    const v41g_wq W2s = {V41G_WQ_FP8, D, IM, 0, qs2, qs2sc, 0, 0};
+    uint16_t *gateW = (uint16_t *)B.alloc((size_t)E * D * 2);
+    v41g_fill_bf16(gateW, (size_t)E * D, 34, 0.02f, B.st);
+    int Ts[] = {512, 4096};
+    for (int T : Ts) {
+        if (quick && T != 512) continue;
+        uint16_t *x = (uint16_t *)B.alloc((size_t)T * D * 2), *out = (uint16_t *)B.alloc((size_t)T * D * 2);
+        float *logits = (float *)B.alloc((size_t)T * E * 4), *wts = (float *)B.alloc((size_t)T * KA * 4);
+        int32_t *idx = (int32_t *)B.alloc((size_t)T * KA * 4);
+        v41g_fill_bf16(x, (size_t)T * D, 35, 1.0f, B.st);
+        v41g_moe m = {T, D, IM, E, KA, 10.0f, NULL, NULL, NULL, NULL, &W13, &W2, &W13s, &W2s};
+        void *ws = B.alloc(v41g_moe_ws_size(&m));
+        auto run = [&] {
+            int rc = v41g_gemm_bf16(x, gateW, logits, T, E, D, 1, 1, 0, 0, 0, B.st);
+            if (!rc) rc = v41g_moe_route(logits, NULL, T, E, KA, 0, 1.0f, 1, 1.5f, idx, wts, B.st);
+            if (!rc) rc = v41g_moe_ffn(&m, x, idx, wts, ws, out, B.st);
+            return rc;
+        };
+        // graph-replayed: the storage-format path never waits for the host (the bf16 moe op does,
+        // for its per-expert row counts, so it is timed without a graph)
+        double t = B.time(run, 7, true);
+        int ne = distinct_experts(idx, (size_t)T * KA);
+        double fl = 2.0 * T * (KA + 1) * 3.0 * D * IM + 2.0 * T * E * D;
+        double by = ne * (double)(c13 + s13 + c2 + s2) + (double)(cs13 + ss13 + cs2 + ss2) + E * D * 2.0 + 2.0 * T * D * 2;
+        // dense cuBLAS at equal FLOPs: the moe section's moe_dense_equiv, else timed here the same way
+        double td = find_op(B, "gemm", fmt("moe_dense_equiv_T%d", T), "");
+        if (td < 0) {
+            int M = T * (KA + 1);
+            uint16_t *w13 = (uint16_t *)B.alloc((size_t)2 * IM * D * 2), *w2 = (uint16_t *)B.alloc((size_t)D * IM * 2);
+            uint16_t *xa = (uint16_t *)B.alloc((size_t)M * D * 2), *ha = (uint16_t *)B.alloc((size_t)M * 2 * IM * 2),
+                     *ya = (uint16_t *)B.alloc((size_t)M * D * 2);
+            v41g_fill_bf16(w13, (size_t)2 * IM * D, 30, 0.02f, B.st);
+            v41g_fill_bf16(w2, (size_t)D * IM, 31, 0.02f, B.st);
+            v41g_fill_bf16(xa, (size_t)M * D, 36, 1.0f, B.st);
+            td = B.time([&] {
+                int rc = v41g_gemm_bf16(xa, w13, ha, M, 2 * IM, D, 0, 1, 0, 0, 0, B.st);
+                return rc ? rc : v41g_gemm_bf16(ha, w2, ya, M, D, IM, 0, 1, 0, 0, 0, B.st);
+            }, 7);
+        }
+        double tb = find_op(B, "moe", fmt("moe_T%d", T), "");
+        std::string p = fmt("{\"T\":%d,\"experts\":%d,\"active\":%d,\"shared\":1,\"dim\":%d,\"inter\":%d,"
+                            "\"weights\":\"fp4\",\"shared_weights\":\"fp8\",\"vs_dense\":%.4g", T, E, KA, D, IM, t / td);
+        if (tb > 0) p += fmt(",\"vs_moe_bf16\":%.4g", t / tb);
+        B.rec("wq", fmt("moe_fp4_T%d", T), p + "}", fl, by, t);
     }
     B.free_all();
 }
@@ -563,7 +723,7 @@ void layer(bench &B, int T, bool decode, int ctx)
     int64_t *dkb = (int64_t *)B.alloc(T * 8);
     v41g_h2d(dpos, pos.data(), T * 4); v41g_h2d(dvis, vis.data(), T * 4); v41g_h2d(dkb, kb.data(), T * 8);
     v41g_h2d(dlist, list.data(), list.size() * 4);
-    v41g_moe m = {T, D, IM, E, KA, 10.0f, w13, w2, w13s, w2s};
+    v41g_moe m = {T, D, IM, E, KA, 10.0f, w13, w2, w13s, w2s, NULL, NULL, NULL, NULL};
     void *ws = B.alloc(v41g_moe_ws_size(&m));
     cudaStream_t st = B.st;
     const float sc = 1.0f / sqrtf((float)HD);
@@ -665,9 +825,11 @@ extern "C" int v41g_bench_main(int argc, char **argv)
         else if (!strcmp(argv[i], "--reps") && i + 1 < argc) reps = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--only") && i + 1 < argc) only = argv[++i];
         else if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
-            printf("usage: v41 bench gpu [--json OUT] [--quick] [--reps N] [--only gemm,attn,indexer,moe,small,layer,decode]\n"
+            printf("usage: v41 bench gpu [--json OUT] [--quick] [--reps N] [--only gemm,attn,indexer,moe,wq,small,layer,decode]\n"
                    "  Ceilings (D2D copy, cuBLAS bf16 GEMM) then every CUDA kernel at V4.1-Flash shapes;\n"
                    "  medians of cudaEvent-timed runs with the L2 flushed. --json writes schema v41-profile/1.\n"
+                   "  wq: the Linears and the MoE over fp8/fp4 weights in their storage formats (v41g_wq),\n"
+                   "  each against bf16 cuBLAS (and the bf16 / dense MoE) at the same shape; op \"wq\".\n"
                    "  decode (the device-resident decode step's kernels) runs only when --only names it.\n");
             return 0;
         } else { fprintf(stderr, "v41 bench gpu: unknown option '%s' (see --help)\n", argv[i]); return 2; }
@@ -689,6 +851,7 @@ extern "C" int v41g_bench_main(int argc, char **argv)
     if (want("indexer")) indexer(B, quick);
     if (want("gemm")) gemms(B, quick);
     if (want("moe")) moe(B, quick);
+    if (want("wq")) wq(B, quick);   // after gemm and moe: reuses their bf16 timings
     if (want("layer")) { layer(B, 64, true, 8192); if (!quick) layer(B, 4096, false, 0); }
     if (only && strstr(only, "decode")) decode_ops(B, quick);   // opt-in: see --help
     v41g_free(B.flush);

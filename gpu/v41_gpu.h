@@ -112,8 +112,11 @@ int v41g_topk(const float *I, const int32_t *visible, int T, int S, int k, int32
  *                e8m0 scales [N][K/32] (one per row and 32 columns); r0 must be 0.
  * Value = code * 2^(e - 127), dequantized to bf16 inside the kernel (exact: an
  * e4m3 or e2m1 code times a power of two fits bf16). Codes must not be e4m3 NaN
- * (0x7F/0xFF) and scales not 0xFF (NaN). Grouped calls (MoE experts): group g's
- * codes start at w + g*w_stride bytes and its scales at s + g*s_stride. */
+ * (0x7F/0xFF); fp8 scales must lie in 2^-117..2^7 (e in [10, 134]) and fp4 scales in
+ * 2^-125..2^127 (e in [2, 254]), where every dequantized value is a normal bf16
+ * (the engine checks this at upload and keeps other weights as bf16). Grouped calls
+ * (MoE experts): group g's codes start at w + g*w_stride bytes and its scales at
+ * s + g*s_stride. w, w_stride and x must be 16-byte aligned (cp.async). */
 enum { V41G_WQ_FP8 = 1, V41G_WQ_FP4 = 2 };
 typedef struct v41g_wq {
     int fmt;                       /* V41G_WQ_FP8 or V41G_WQ_FP4 */
@@ -164,7 +167,8 @@ typedef struct v41g_moe {
     /* Weights in their storage formats (v41g_wq) instead: when q13 is set the
      * routed experts run as two grouped v41g_wq_gemm_grouped calls (group =
      * expert, N = 2I then D) with no host synchronisation (graph-capturable),
-     * and w13/w2 are ignored; q13s/q2s likewise replace w13s/w2s. */
+     * and w13/w2 are ignored; q13s/q2s likewise replace w13s/w2s (with q13
+     * set, a shared expert must be given as q13s/q2s: bf16 w13s is refused). */
     const v41g_wq *q13, *q2, *q13s, *q2s;
 } v41g_moe;
 size_t v41g_moe_ws_size(const v41g_moe *m);

@@ -1,0 +1,667 @@
+/* test_gpu_wq: the Linears over weights in their storage formats (gpu/v41_gpu.h, v41g_wq: fp8
+ * e4m3 codes with one e8m0 scale per 32x32 block, fp4 e2m1 codes with one e8m0 scale per row and
+ * 32 columns) against a CPU computation that dequantizes with ref's own conversions
+ * (v41_e4m3_to_f32, v41_fp4_to_f32, v41_e8m0_to_f32) and sums in double:
+ *   - v41g_wq_gemm: fp8 and fp4 at M = 1..130, K = 32..2048 (K % 64 != 0 too), N = 1..300
+ *     (N % 8 != 0 too); every workspace size (NULL, too small, v41g_wq_ws_bytes); fp32 and bf16
+ *     out; fp8 row slices (r0 > 0); bitwise repeatability;
+ *   - v41g_wq_gemm_grouped: MoE-like sorted rows (an empty group, a gather list with repeats,
+ *     groups at strides larger than a group, NaN bytes in the gaps);
+ *   - v41g_wq_dequant: bit for bit;
+ *   - v41g_moe_ffn with q13/q2 (fp4 experts) and q13s/q2s (fp8 shared expert) against the same
+ *     FFN over the dequantized bf16 copies (w13/w2/w13s/w2s);
+ *   - bad arguments: an error, nothing written.
+ * Inputs: bf16-exact x (uniform, act_quant'ed as the fp8/fp4 Linears' inputs are, and
+ * log-uniform magnitudes 2^-12..2^5); random codes (fp8: every byte but the NaNs 0x7F/0xFF, so
+ * zeros of both signs and subnormals (exponent field 0) too; fp4: all 16 nibbles, 0x1 = 0.5 and
+ * 0x9 = -0.5 among them); e8m0 scales 107..131 (2^-20..2^4). Device outputs are poisoned (NaN
+ * bits) before each launch so an unwritten element fails.
+ *
+ * Tolerance of an fp32 output (out_f32 = 1). Every dequantized weight is exact (an e4m3 or
+ * e2m1 code times a power of two fits bf16) and so is every product x_k * w_nk in fp32 (8 + 4
+ * significant bits; magnitudes 2^-60..2^16 here, far from fp32 underflow and overflow). The
+ * only error is therefore in the K - 1 fp32 additions, in whatever order or tree the kernel
+ * uses (split-K partials summed by a second kernel included): |fl(sum) - sum| <= gamma_{K-1} *
+ * sum_k |x_k w_nk|, gamma_n = n u / (1 - n u). With round-to-nearest u = 2^-24; tensor cores
+ * may align and truncate instead of rounding (u = 2^-23), and gamma_{K-1} <= K 2^-23 while
+ * K^2 2^-23 <= 1 (K <= 2048). Hence
+ *     |got - sum| <= 2 K 2^-24 sum_k |x_k w_nk|    (+ FLT_MIN: an all-zero row sums to 0 exactly)
+ * with `sum` the double-precision result (its own error, <= K 2^-53 sum|..|, is negligible).
+ * Tolerance of a bf16 output (out_f32 = 0). The kernel rounds its fp32 sum r once to bf16
+ * (RNE): |bf16(r) - r| <= ulp(r)/2 <= ulp_bf16(bf16(r))/2 (rounding never lowers the binade), so
+ *     |got - sum| <= 2 K 2^-24 sum_k |x_k w_nk| + ulp_bf16(got)/2,
+ * i.e. within half a bf16 ulp of the exact result unless cancellation makes the accumulation
+ * bound exceed that (compared with the double result directly, so no double rounding through
+ * fp32). Moreover the bf16 output must be bit for bit v41_bf16r of the fp32 output of the same
+ * call with the same workspace: the header fixes the summation order by the shapes and the
+ * workspace size, and the output type only changes the final conversion.
+ * Exit 77 (skip) when the build has no CUDA or the machine has no device; CUDA is initialised
+ * only inside the forked tests (a probe child decides the skip). */
+#include "config.h"
+#include <check.h>
+#include <float.h>
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#ifndef HAVE_CUDA
+int main(void)
+{
+    printf("test_gpu_wq: built without CUDA: skipped\n");
+    return 77;
+}
+#else
+#include "v41_gpu.h"
+#include "v41_ops.h"
+#include "v41_quant.h"
+#include "test_gpu_probe.h"
+#include "test_gpu_util.h"
+
+enum { CUDA_INVALID_VALUE = 1 };   /* cudaErrorInvalidValue */
+
+/* ------------------------------------------------------------ host weights */
+/* codes of one group, element i (row-major over the full tensor's rows): fp8 a byte, fp4 a nibble */
+typedef uint8_t (*code_gen)(size_t i);
+/* fp8: any byte but the NaNs; the first ones of a group are the edge codes (zeros of both signs,
+ * the smallest and largest subnormals, the smallest normal, +-448) */
+static const uint8_t fp8_edge[] = {0x00, 0x80, 0x01, 0x81, 0x07, 0x87, 0x08, 0x7E, 0xFE};
+static uint8_t gen_fp8_any(size_t i)
+{
+    if (i < sizeof fp8_edge) return fp8_edge[i];
+    uint8_t c;
+    do c = (uint8_t)rng_u32(); while ((c & 0x7f) == 0x7f);
+    return c;
+}
+/* fp4: any nibble; the first ones are +-0.5, the zeros and +-6 */
+static const uint8_t fp4_edge[] = {0x1, 0x9, 0x0, 0x8, 0x7, 0xF};
+static uint8_t gen_fp4_any(size_t i) { return i < sizeof fp4_edge ? fp4_edge[i] : (uint8_t)(rng_u32() & 15); }
+
+typedef struct {
+    int fmt, G, N, K, r0;   /* r0: rows of the full tensor before the slice (fp8) */
+    size_t wn, sn;          /* bytes of one group's codes and scales (the full tensor: r0 + N rows) */
+    size_t wst, sst;        /* group strides, >= wn, sn (the gaps hold NaN codes and scales) */
+    uint8_t *w, *s;         /* host: G groups */
+    float *deq;             /* host: [G][N][K] dequantized values of the slice */
+    uint8_t *dw, *ds;       /* device copies of w, s */
+} qw;
+
+/* G groups of a [r0 + N, K] weight (row slice r0.. used), codes from gen, scales uniform in
+ * [slo, shi]; pad > 0: strides rounded up past the group size (256 bytes for codes, 16 for
+ * scales) with 0xFF (NaN) bytes in between */
+static qw qw_make(int fmt, int G, int N, int K, int r0, int pad, code_gen gen, int slo, int shi)
+{
+    qw q = {fmt, G, N, K, r0, 0, 0, 0, 0, NULL, NULL, NULL, NULL, NULL};
+    const int R = r0 + N, KB = K / 32;
+    q.wn = fmt == V41G_WQ_FP8 ? (size_t)R * K : (size_t)R * (K / 2);
+    q.sn = fmt == V41G_WQ_FP8 ? (size_t)((R + 31) / 32) * KB : (size_t)R * KB;
+    q.wst = pad ? (q.wn + 100 + 255) / 256 * 256 : q.wn;
+    q.sst = pad ? (q.sn + 10 + 15) / 16 * 16 : q.sn;
+    q.w = malloc(q.wst * G);
+    q.s = malloc(q.sst * G);
+    memset(q.w, 0xff, q.wst * G);
+    memset(q.s, 0xff, q.sst * G);
+    q.deq = malloc(sizeof(float) * G * (size_t)N * K + 4);
+    for (int g = 0; g < G; g++) {
+        uint8_t *w = q.w + g * q.wst, *s = q.s + g * q.sst;
+        if (fmt == V41G_WQ_FP8)
+            for (size_t i = 0; i < q.wn; i++) w[i] = gen(i);
+        else
+            for (size_t i = 0; i < q.wn; i++) {
+                uint8_t lo = gen(2 * i), hi = gen(2 * i + 1);   /* element 2j in the low nibble */
+                w[i] = (uint8_t)(lo | hi << 4);
+            }
+        for (size_t i = 0; i < q.sn; i++) s[i] = (uint8_t)(slo + rng_int(shi - slo + 1));
+        float *d = q.deq + (size_t)g * N * K;
+        for (int n = 0; n < N; n++) {
+            const int r = r0 + n;
+            for (int k = 0; k < K; k++) {
+                float c, sc;
+                if (fmt == V41G_WQ_FP8) {
+                    c = v41_e4m3_to_f32(w[(size_t)r * K + k]);
+                    sc = v41_e8m0_to_f32(s[(size_t)(r / 32) * KB + k / 32]);
+                } else {
+                    uint8_t b = w[(size_t)r * (K / 2) + k / 2];
+                    c = v41_fp4_to_f32(k & 1 ? b >> 4 : b & 15);
+                    sc = v41_e8m0_to_f32(s[(size_t)r * KB + k / 32]);
+                }
+                d[(size_t)n * K + k] = c * sc;   /* exact */
+            }
+        }
+    }
+    q.dw = up(q.w, q.wst * G);
+    q.ds = up(q.s, q.sst * G);
+    return q;
+}
+/* the v41g_wq of the slice: codes from row r0, scales from the full tensor's first scale row
+ * (row n uses scale row (r0 + n) / 32); rebase: the same weight described from scale row r0 / 32
+ * with r0 % 32 (both must give the same result) */
+static v41g_wq qw_desc(const qw *q, int rebase)
+{
+    v41g_wq W = {q->fmt, q->N, q->K, q->r0, q->dw, q->ds, (long long)q->wst, (long long)q->sst};
+    if (q->fmt == V41G_WQ_FP8) W.w = q->dw + (size_t)q->r0 * q->K;
+    if (rebase) { W.s = q->ds + (size_t)(q->r0 / 32) * (q->K / 32); W.r0 = q->r0 % 32; }
+    return W;
+}
+static void qw_free(qw *q)
+{
+    v41g_free(q->dw); v41g_free(q->ds);
+    free(q->w); free(q->s); free(q->deq);
+}
+
+/* x[M,K] bf16: rows cycle through uniform in [-4,4), act_quant'ed (what an fp8 Linear is fed:
+ * e4m3 codes times a power of two, small elements subnormal codes) and log-uniform magnitudes
+ * 2^-12..2^5 of random sign; row 2 (M > 2) all zeros */
+static uint16_t *rand_x(int M, int K)
+{
+    uint16_t *x = malloc(2 * (size_t)M * K);
+    float *r = malloc(sizeof(float) * K);
+    for (int m = 0; m < M; m++) {
+        for (int k = 0; k < K; k++) {
+            if (m % 3 == 2) r[k] = ldexpf(1.0f + 0.5f * (rng_unit() + 1.0f), rng_int(17) - 12) * (rng_u32() & 1 ? -1 : 1);
+            else r[k] = 4.0f * rng_unit();
+        }
+        if (m % 3 == 1) v41_act_quant(r, (size_t)K, 32, NULL);
+        if (m == 2) memset(r, 0, sizeof(float) * K);
+        for (int k = 0; k < K; k++) x[(size_t)m * K + k] = v41_f32_to_bf16(r[k]);
+    }
+    free(r);
+    return x;
+}
+
+/* y[p, n] = x[xrow ? xrow[p] : p] . w[n]^T in double, and the sum of |terms| (the tolerance) */
+static void ref_rows(const uint16_t *x, const int32_t *xrow, int p0, int p1, const float *w, int N, int K,
+                     double *y, double *mag)
+{
+    for (int p = p0; p < p1; p++) {
+        const uint16_t *xr = x + (size_t)(xrow ? xrow[p] : p) * K;
+        for (int n = 0; n < N; n++) {
+            double s = 0, a = 0;
+            for (int k = 0; k < K; k++) {
+                double t = (double)v41_bf16_to_f32(xr[k]) * w[(size_t)n * K + k];
+                s += t;
+                a += fabs(t);
+            }
+            y[(size_t)p * N + n] = s;
+            mag[(size_t)p * N + n] = a;
+        }
+    }
+}
+
+/* one bf16 ulp at |v| (8 significant bits) */
+static double ulp_bf16(double v)
+{
+    if (v == 0 || !isfinite(v)) return 0;
+    int e;
+    frexp(v, &e);   /* |v| in [2^(e-1), 2^e) */
+    return ldexp(1.0, e - 8);
+}
+
+/* got (fp32 or bf16 bits, n = rows*N) against the double result; see the header for the bounds */
+static void check_out(const char *what, const void *got, int out_f32, const double *exp, const double *mag, size_t n,
+                      int K)
+{
+    size_t bad = 0, worst = 0;
+    double wd = -1;
+    for (size_t i = 0; i < n; i++) {
+        double g = out_f32 ? ((const float *)got)[i] : v41_bf16_to_f32(((const uint16_t *)got)[i]);
+        double tol = 2.0 * K * 0x1p-24 * mag[i] + FLT_MIN + (out_f32 ? 0 : ulp_bf16(g) / 2);
+        double d = fabs(g - exp[i]);
+        if (!(d <= tol)) {   /* NaN (unwritten) fails */
+            if (!bad++ || d - tol > wd || isnan(d)) { wd = isnan(d) ? INFINITY : d - tol; worst = i; }
+        }
+    }
+    if (bad) {
+        double g = out_f32 ? ((const float *)got)[worst] : v41_bf16_to_f32(((const uint16_t *)got)[worst]);
+        ck_abort_msg("%s (%s out): %zu of %zu outside tolerance; worst at %zu: got %.9g want %.9g (sum|terms| %.3g, K %d)",
+                     what, out_f32 ? "fp32" : "bf16", bad, n, worst, g, exp[worst], mag[worst], K);
+    }
+}
+
+/* bf16 bits = v41_bf16r of the fp32 values, element by element */
+static void check_bf16_of_f32(const char *what, const uint16_t *b, const float *f, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        if (b[i] != v41_f32_to_bf16(f[i]))
+            ck_abort_msg("%s: bf16 out element %zu is 0x%04x, bf16 of the fp32 out %.9g is 0x%04x", what, i, b[i],
+                         (double)f[i], v41_f32_to_bf16(f[i]));
+}
+static void check_same(const char *what, const void *a, const void *b, size_t bytes)
+{
+    const unsigned char *p = a, *q = b;
+    for (size_t i = 0; i < bytes; i++)
+        if (p[i] != q[i]) ck_abort_msg("%s: not bitwise repeatable (byte %zu of %zu)", what, i, bytes);
+}
+
+/* ------------------------------------------------------------ v41g_wq_gemm */
+typedef struct { int M, N, K; } gm_shape;
+/* M = 1 and M > 64; K = 32, 96 (K % 64 != 0), up to 2048; N = 1, 31, 129, 300 (not multiples of
+ * 8, 16 or 128) and 128 */
+static const gm_shape gm_shapes[] = {{1, 128, 512}, {3, 31, 96},   {8, 129, 64},  {17, 300, 2048}, {64, 1, 32},
+                                     {130, 129, 96}, {1, 300, 2048}, {64, 128, 512}, {130, 31, 2048}, {17, 1, 512},
+                                     {3, 300, 32},   {1, 31, 64}};
+#define N_GM ((int)(sizeof gm_shapes / sizeof gm_shapes[0]))
+
+/* every workspace size (NULL, 1 KB, the full split), fp32 and bf16 out, each twice */
+static void run_gemm(const qw *q, const v41g_wq *W, int M, uint64_t seed, const char *tag)
+{
+    const int N = W->N, K = W->K;
+    const size_t ny = (size_t)M * N;
+    rng_seed(seed);
+    uint16_t *x = rand_x(M, K);
+    double *exp = malloc(sizeof(double) * ny), *mag = malloc(sizeof(double) * ny);
+    ref_rows(x, NULL, 0, M, q->deq, N, K, exp, mag);
+    uint16_t *dx = up(x, 2 * (size_t)M * K);
+    const size_t full = v41g_wq_ws_bytes(W, M);
+    const size_t wss[3] = {0, 1024, full};
+    for (int v = 0; v < 3; v++) {
+        char what[160];
+        snprintf(what, sizeof what, "%s %s M%d N%d K%d r0 %d, ws %zu of %zu", tag,
+                 W->fmt == V41G_WQ_FP8 ? "fp8" : "fp4", M, N, K, W->r0, wss[v], full);
+        void *ws = wss[v] ? dpoison(wss[v]) : NULL;   /* stale partials must not matter */
+        float *dy = dpoison(4 * ny), *dy2 = dpoison(4 * ny);
+        uint16_t *db = dpoison(2 * ny);
+        ck_assert_int_eq(v41g_wq_gemm(W, dx, M, dy, 1, ws, wss[v], NULL), 0);
+        ck_assert_int_eq(v41g_wq_gemm(W, dx, M, dy2, 1, ws, wss[v], NULL), 0);
+        ck_assert_int_eq(v41g_wq_gemm(W, dx, M, db, 0, ws, wss[v], NULL), 0);
+        float *y = down(dy, 4 * ny), *y2 = down(dy2, 4 * ny);
+        uint16_t *b = down(db, 2 * ny);
+        check_out(what, y, 1, exp, mag, ny, K);
+        check_same(what, y, y2, 4 * ny);
+        check_out(what, b, 0, exp, mag, ny, K);
+        check_bf16_of_f32(what, b, y, ny);
+        v41g_free(ws); v41g_free(dy); v41g_free(dy2); v41g_free(db);
+        free(y); free(y2); free(b);
+    }
+    v41g_free(dx);
+    free(x); free(exp); free(mag);
+}
+
+static void gemm_case(int fmt, int i)
+{
+    const gm_shape c = gm_shapes[i];
+    rng_seed(100 + 37 * i + fmt);
+    qw q = qw_make(fmt, 1, c.N, c.K, 0, 0, fmt == V41G_WQ_FP8 ? gen_fp8_any : gen_fp4_any, 107, 131);
+    v41g_wq W = qw_desc(&q, 0);
+    run_gemm(&q, &W, c.M, 200 + 37 * i + fmt, "gemm");
+    qw_free(&q);
+}
+START_TEST(test_gemm_fp8) { gemm_case(V41G_WQ_FP8, _i); }
+END_TEST
+START_TEST(test_gemm_fp4) { gemm_case(V41G_WQ_FP4, _i); }
+END_TEST
+
+/* fp8 row slices of a checkpoint tensor: rows r0..r0+N of a [r0 + N, K] weight, the scales of the
+ * full tensor (rebase: the same slice described from scale row r0 / 32 with r0 % 32) */
+typedef struct { int r0, rebase, M, N, K; } sl_case;
+static const sl_case sl_cases[] = {{5, 0, 5, 70, 96}, {40, 0, 5, 70, 96}, {40, 1, 5, 70, 96}, {37, 0, 130, 59, 512},
+                                   {64, 1, 1, 33, 64}};
+START_TEST(test_gemm_slice)
+{
+    const sl_case c = sl_cases[_i];
+    rng_seed(300 + _i);
+    qw q = qw_make(V41G_WQ_FP8, 1, c.N, c.K, c.r0, 0, gen_fp8_any, 107, 131);
+    v41g_wq W = qw_desc(&q, c.rebase);
+    run_gemm(&q, &W, c.M, 400 + _i, c.rebase ? "slice (rebased scales)" : "slice");
+    qw_free(&q);
+}
+END_TEST
+
+/* ------------------------------------------------------------ v41g_wq_gemm_grouped */
+typedef struct { int fmt, N, K, gather; } gr_case;
+static const gr_case gr_cases[] = {{V41G_WQ_FP4, 96, 160, 1}, {V41G_WQ_FP4, 33, 64, 0}, {V41G_WQ_FP8, 40, 96, 1},
+                                   {V41G_WQ_FP8, 129, 512, 0}};
+START_TEST(test_grouped)
+{
+    const gr_case c = gr_cases[_i];
+    enum { G = 5, T = 27, KA = 3 };                    /* gather: T tokens with KA assignments each */
+    static const int counts[G] = {0, 1, 7, 70, 3};   /* sum = T * KA */
+    int32_t off[G + 1] = {0};
+    for (int g = 0; g < G; g++) off[g + 1] = off[g] + counts[g];
+    const int MT = off[G], N = c.N, K = c.K;
+    rng_seed(500 + _i);
+    qw q = qw_make(c.fmt, G, N, K, 0, 1, c.fmt == V41G_WQ_FP8 ? gen_fp8_any : gen_fp4_any, 107, 131);
+    v41g_wq W = qw_desc(&q, 0);
+    /* the sorted problem of a MoE: row p is assignment perm[p] (a random order), i.e. token perm[p] / KA */
+    int32_t *xrow = NULL;
+    if (c.gather) {
+        int32_t perm[T * KA];
+        for (int i = 0; i < MT; i++) perm[i] = i;
+        for (int i = MT - 1; i > 0; i--) { int j = rng_int(i + 1), t = perm[i]; perm[i] = perm[j]; perm[j] = t; }
+        xrow = malloc(sizeof(int32_t) * MT);
+        for (int p = 0; p < MT; p++) xrow[p] = perm[p] / KA;
+    }
+    const int XR = c.gather ? T : MT;
+    uint16_t *x = rand_x(XR, K);
+    const size_t ny = (size_t)MT * N;
+    double *exp = malloc(sizeof(double) * ny), *mag = malloc(sizeof(double) * ny);
+    for (int g = 0; g < G; g++) ref_rows(x, xrow, off[g], off[g + 1], q.deq + (size_t)g * N * K, N, K, exp, mag);
+    uint16_t *dx = up(x, 2 * (size_t)XR * K);
+    int32_t *doff = up(off, sizeof off), *dxrow = xrow ? up(xrow, sizeof(int32_t) * MT) : NULL;
+    float *dy = dpoison(4 * ny), *dy2 = dpoison(4 * ny);
+    uint16_t *db = dpoison(2 * ny);
+    ck_assert_int_eq(v41g_wq_gemm_grouped(&W, G, doff, dxrow, dx, MT, dy, 1, NULL), 0);
+    ck_assert_int_eq(v41g_wq_gemm_grouped(&W, G, doff, dxrow, dx, MT, dy2, 1, NULL), 0);
+    ck_assert_int_eq(v41g_wq_gemm_grouped(&W, G, doff, dxrow, dx, MT, db, 0, NULL), 0);
+    float *y = down(dy, 4 * ny), *y2 = down(dy2, 4 * ny);
+    uint16_t *b = down(db, 2 * ny);
+    char what[128];
+    snprintf(what, sizeof what, "grouped %s N%d K%d %s", c.fmt == V41G_WQ_FP8 ? "fp8" : "fp4", N, K,
+             c.gather ? "gathered" : "identity");
+    check_out(what, y, 1, exp, mag, ny, K);
+    check_same(what, y, y2, 4 * ny);
+    check_out(what, b, 0, exp, mag, ny, K);
+    check_bf16_of_f32(what, b, y, ny);
+    v41g_free(dx); v41g_free(doff); v41g_free(dxrow); v41g_free(dy); v41g_free(dy2); v41g_free(db);
+    free(y); free(y2); free(b); free(x); free(xrow); free(exp); free(mag);
+    qw_free(&q);
+}
+END_TEST
+
+/* ------------------------------------------------------------ v41g_wq_dequant */
+/* group 2 of three (strided), and an fp8 row slice: bf16 bits of the exact values, -0 included */
+typedef struct { int fmt, G, g, N, K, r0; } dq_case;
+static const dq_case dq_cases[] = {{V41G_WQ_FP8, 3, 2, 70, 96, 0}, {V41G_WQ_FP4, 3, 2, 33, 64, 0},
+                                   {V41G_WQ_FP8, 1, 0, 45, 64, 40}};
+START_TEST(test_dequant)
+{
+    const dq_case c = dq_cases[_i];
+    rng_seed(600 + _i);
+    /* fp8 edge codes on every group's first row; the rest random (1/16 subnormal, 1/128 each zero) */
+    qw q = qw_make(c.fmt, c.G, c.N, c.K, c.r0, c.G > 1, c.fmt == V41G_WQ_FP8 ? gen_fp8_any : gen_fp4_any, 107, 131);
+    v41g_wq W = qw_desc(&q, 0);
+    const size_t n = (size_t)c.N * c.K;
+    uint16_t *want = malloc(2 * n);
+    const float *d = q.deq + (size_t)c.g * n;
+    for (size_t i = 0; i < n; i++) want[i] = v41_f32_to_bf16(d[i]);
+    /* the edge codes lead row 0 (fp8: +0, -0, subnormals; fp4: +-0.5, +0, -0) */
+    if (!c.r0) {
+        const int z = c.fmt == V41G_WQ_FP8 ? 0 : 2;
+        ck_assert_uint_eq(want[z], 0x0000);
+        ck_assert_uint_eq(want[z + 1], 0x8000);
+        if (c.fmt == V41G_WQ_FP4) ck_assert_uint_eq(want[1], want[0] ^ 0x8000);
+    }
+    uint16_t *dout = dpoison(2 * n);
+    ck_assert_int_eq(v41g_wq_dequant(&W, c.g, dout, NULL), 0);
+    uint16_t *got = down(dout, 2 * n);
+    for (size_t i = 0; i < n; i++)
+        ck_assert_msg(got[i] == want[i], "dequant %s group %d: element %zu (row %zu col %zu) is 0x%04x, want 0x%04x (%g)",
+                      c.fmt == V41G_WQ_FP8 ? "fp8" : "fp4", c.g, i, i / c.K, i % c.K, got[i], want[i],
+                      (double)d[i]);
+    v41g_free(dout);
+    free(want); free(got);
+    qw_free(&q);
+}
+END_TEST
+
+/* ------------------------------------------------------------ MoE over fp4/fp8 experts */
+/* Case 0 ("exact") picks values for which every fp32 sum of both paths is exact, so the summation
+ * order cannot matter and the outputs must be equal bit for bit:
+ *   x = k 2^-4, |k| <= 15: act_quant leaves it unchanged (checked below; scale 2^ceil(log2(amax/448))
+ *     <= 2^-8, so x/scale = k 2^(4..8) has 4 significant bits and is <= 448);
+ *   w13 fp4, any code, scales 2^-2..2^0: products are multiples of 2^-7 below 6, a sum of D = 64
+ *     stays below 360 = 46080 * 2^-7 < 2^24 units;
+ *   w13s fp8, codes of exponent field 4..9 (2^-3..2^2) and zeros, scales 2^-2..2^0: multiples of
+ *     2^-12 below 7.1, 64 of them below 2^20.8 units;
+ *   h = act_quant(swiglu) is c 2^-9 s_h, |c 2^-9| <= 448; w2 (fp4) and w2s (fp8) take values
+ *     0, +-0.5, +-1 times one scale per output row (K = I = 32 is one scale block): products are
+ *     multiples of 2^-10 s_h s_w and 32 of them sum below 32 * 448 = 2^23.81 units < 2^24.
+ * So h13, h, each expert output and the combined sum are the same numbers in both paths; any
+ * difference is a different rounding point (not a summation order).
+ * Case 1 ("random") uses random codes of every kind. There an fp32 summation order can flip the
+ * bf16 rounding of a w1/w3 output (h13); that passes through swiglu and act_quant, where it can
+ * move an fp8 code of h by one step (<= 2^-3 of the element) or, when the row's amax crosses a
+ * power of two, every element of the row by at most one step; each expert output then moves by up
+ * to ~2^-3 sum_i |h_i w_ni|, so neither "1 bf16 ulp" nor a share of bitwise-equal elements is a
+ * sound assertion for arbitrary data (one flip changes a whole token's row). The bound checked is
+ * the sound one (derivation at moe_tol), against the bf16-weight path and a CPU mirror of the
+ * FFN; the share of bitwise-equal elements is printed. */
+static const uint8_t fp8_small[] = {0x00, 0x80, 0x30, 0xB0, 0x38, 0xB8};   /* 0, -0, +-0.5, +-1 */
+static const uint8_t fp4_small[] = {0x0, 0x8, 0x1, 0x9, 0x2, 0xA};         /* 0, -0, +-0.5, +-1 */
+static uint8_t gen_fp8_mid(size_t i)   /* zero or exponent field 4..9 */
+{
+    (void)i;
+    if (rng_int(16) == 0) return rng_u32() & 1 ? 0x80 : 0x00;
+    return (uint8_t)((rng_u32() & 1 ? 0x80 : 0) | (4 + rng_int(6)) << 3 | rng_int(8));
+}
+static uint8_t gen_fp8_small(size_t i) { (void)i; return fp8_small[rng_int(6)]; }
+static uint8_t gen_fp4_small(size_t i) { (void)i; return fp4_small[rng_int(6)]; }
+
+/* CPU mirror of v41g_moe_ffn (k_moe.cu, SPEC §8) on dequantized weights: xq = act_quant(x);
+ * per (token, expert) h13 = bf16(xq . w13^T), h = bf16(silu(min(g,L)) * clamp(u,+-L) * wt),
+ * act_quant(h), ye = bf16(h . w2^T); out = bf16(sum of ye in expert-id order, then the shared
+ * expert's (wt 1)). Also returns, per output, A = sum over the token's experts of
+ * sum_i |h_i w2_ni| and B = sum over them of amax(h) sum_i |w2_ni|, and the largest |g|. */
+static void moe_mirror(int T, int D, int I, int E, int k, float L, const uint16_t *x, const int32_t *idx,
+                       const float *wts, const float *w13, const float *w2, const float *w13s, const float *w2s,
+                       float *out, double *A, double *B, double *gmax)
+{
+    float *xq = malloc(sizeof(float) * D), *h13 = malloc(sizeof(float) * 2 * I), *h = malloc(sizeof(float) * I);
+    float *acc = malloc(sizeof(float) * D);
+    *gmax = 0;
+    for (int t = 0; t < T; t++) {
+        for (int d = 0; d < D; d++) xq[d] = v41_bf16_to_f32(x[(size_t)t * D + d]);
+        v41_act_quant(xq, (size_t)D, 32, NULL);
+        for (int d = 0; d < D; d++) { acc[d] = 0; A[(size_t)t * D + d] = 0; B[(size_t)t * D + d] = 0; }
+        for (int e = 0; e <= E; e++)   /* e == E: the shared expert */
+            for (int j = 0; j < (e < E ? k : 1); j++) {
+                if (e < E && idx[t * k + j] != e) continue;
+                const float *a = e < E ? w13 + (size_t)e * 2 * I * D : w13s, *b = e < E ? w2 + (size_t)e * D * I : w2s;
+                const float wt = e < E ? wts[t * k + j] : 1.0f;
+                for (int i = 0; i < 2 * I; i++) {
+                    double s = 0;
+                    for (int d = 0; d < D; d++) s += (double)xq[d] * a[(size_t)i * D + d];
+                    h13[i] = v41_bf16r((float)s);
+                }
+                float amax = 0;
+                for (int i = 0; i < I; i++) {
+                    float g = h13[i], u = h13[I + i];
+                    if (fabs(g) > *gmax) *gmax = fabs(g);
+                    if (L > 0) { g = fminf(g, L); u = fminf(fmaxf(u, -L), L); }
+                    h[i] = v41_bf16r(g / (1.0f + expf(-g)) * u * wt);
+                }
+                v41_act_quant(h, (size_t)I, 32, NULL);
+                for (int i = 0; i < I; i++) amax = fmaxf(amax, fabsf(h[i]));
+                for (int d = 0; d < D; d++) {
+                    double s = 0, m = 0, wa = 0;
+                    for (int i = 0; i < I; i++) {
+                        double p = (double)h[i] * b[(size_t)d * I + i];
+                        s += p; m += fabs(p); wa += fabs(b[(size_t)d * I + i]);
+                    }
+                    acc[d] += v41_bf16r((float)s);
+                    A[(size_t)t * D + d] += m;
+                    B[(size_t)t * D + d] += amax * wa;
+                }
+            }
+        for (int d = 0; d < D; d++) out[(size_t)t * D + d] = v41_bf16r(acc[d]);
+    }
+    free(xq); free(h13); free(h); free(acc);
+}
+
+/* Bound on the difference of two evaluations of the same FFN that differ in fp32 summation order
+ * (and expf ulps). Per expert and element i: a flipped bf16 rounding of g moves silu(g) by
+ * 2^-7 relative times |g silu'(g) / silu(g)| = |1 + g (1 - sigmoid(g))| <= 1 + |g|, one of u by
+ * 2^-7: the fp32 h_i by (|g| + 2) 2^-7 relative; the two bf16 roundings of h_i differ by that plus
+ * one ulp (2^-7): (|g| + 3) 2^-7 |h_i|. act_quant adds at most one e4m3 step: <= 2^-3 |h_i| for
+ * a normal code (the step of a value does not depend on the scale, so this holds also when the
+ * row's amax crosses a power of two and the scale doubles), 2^-9 s_h <= 2^-9 amax(h) / 224 * 2
+ * < 2^-15 amax(h) for a subnormal one. The fp32 sum over I = 32 differs by <= 2 I 2^-23
+ * sum|h w| = 2^-17 sum|h w|, and the two bf16 roundings of ye by one ulp <= 2^-7 sum|h w|. So
+ *   |d ye_n| <= (2^-3 + (|g|max + 4) 2^-7 + 2^-16) sum_i |h_i w_ni| + 2^-15 amax(h) sum_i |w_ni|,
+ * summed over the token's experts (A, B); the combine (fp32, <= 3 terms: 2^-16 A covers it) and
+ * its bf16 rounding add one ulp of the larger output (<= 2^-7 |out|). */
+static double moe_tol(double out, double A, double B, double gmax)
+{
+    return (0x1p-3 + (gmax + 4) * 0x1p-7 + 0x1p-16) * A + 0x1p-15 * B + 0x1p-7 * fabs(out) + FLT_MIN;
+}
+
+START_TEST(test_moe)
+{
+    const int exact = _i == 0;
+    enum { T = 5, D = 64, I = 32, E = 4, KA = 2 };
+    const float L = 1.0f;
+    rng_seed(700 + _i);
+    /* routed experts fp4 (q13: N = 2I, K = D; q2: N = D, K = I), shared expert fp8 */
+    qw q13 = exact ? qw_make(V41G_WQ_FP4, E, 2 * I, D, 0, 0, gen_fp4_any, 125, 127)
+                   : qw_make(V41G_WQ_FP4, E, 2 * I, D, 0, 0, gen_fp4_any, 117, 121);
+    qw q2 = exact ? qw_make(V41G_WQ_FP4, E, D, I, 0, 0, gen_fp4_small, 118, 124)
+                  : qw_make(V41G_WQ_FP4, E, D, I, 0, 0, gen_fp4_any, 117, 121);
+    qw q13s = exact ? qw_make(V41G_WQ_FP8, 1, 2 * I, D, 0, 0, gen_fp8_mid, 125, 127)
+                    : qw_make(V41G_WQ_FP8, 1, 2 * I, D, 0, 0, gen_fp8_any, 113, 115);
+    qw q2s = exact ? qw_make(V41G_WQ_FP8, 1, D, I, 0, 0, gen_fp8_small, 118, 124)
+                   : qw_make(V41G_WQ_FP8, 1, D, I, 0, 0, gen_fp8_any, 113, 115);
+    v41g_wq W13 = qw_desc(&q13, 0), W2 = qw_desc(&q2, 0), W13s = qw_desc(&q13s, 0), W2s = qw_desc(&q2s, 0);
+    /* the same weights as bf16 (exact) for the w13/w2/w13s/w2s path */
+    const qw *all[4] = {&q13, &q2, &q13s, &q2s};
+    uint16_t *dbf[4];
+    for (int j = 0; j < 4; j++) {
+        size_t n = (size_t)all[j]->G * all[j]->N * all[j]->K;
+        uint16_t *h = malloc(2 * n);
+        for (size_t i = 0; i < n; i++) h[i] = v41_f32_to_bf16(all[j]->deq[i]);
+        dbf[j] = up(h, 2 * n);
+        free(h);
+    }
+    /* tokens: two distinct experts of {0, 1, 3} each (expert 2 gets none), random weights */
+    uint16_t x[T * D];
+    int32_t idx[T * KA];
+    float wts[T * KA];
+    static const int pairs[6][2] = {{0, 1}, {1, 0}, {0, 3}, {3, 0}, {1, 3}, {3, 1}};
+    for (int t = 0; t < T; t++) {
+        const int *pr = pairs[t == 0 ? 4 : rng_int(6)];   /* token 0: experts 1 and 3 */
+        for (int j = 0; j < KA; j++) { idx[t * KA + j] = pr[j]; wts[t * KA + j] = 0.25f + 0.5f * (rng_unit() + 1.0f); }
+        for (int d = 0; d < D; d++) {
+            float v = exact ? (float)(rng_int(31) - 15) * 0x1p-4f : 2.0f * rng_unit();
+            x[t * D + d] = v41_f32_to_bf16(v);
+        }
+    }
+    if (exact) {   /* act_quant leaves x unchanged (the premise of the exact case) */
+        float r[D];
+        for (int t = 0; t < T; t++) {
+            for (int d = 0; d < D; d++) r[d] = v41_bf16_to_f32(x[t * D + d]);
+            v41_act_quant(r, D, 32, NULL);
+            for (int d = 0; d < D; d++) ck_assert_float_eq(r[d], v41_bf16_to_f32(x[t * D + d]));
+        }
+    }
+    uint16_t *dx = up(x, sizeof x);
+    int32_t *di = up(idx, sizeof idx);
+    float *dw = up(wts, sizeof wts);
+    /* bf16 path; the q path with the bf16 pointers NULL (ignored when q13 / q13s are set) */
+    v41g_moe mb = {.T = T, .D = D, .I = I, .E = E, .k = KA, .limit = L,
+                   .w13 = dbf[0], .w2 = dbf[1], .w13s = dbf[2], .w2s = dbf[3]};
+    v41g_moe mq = {.T = T, .D = D, .I = I, .E = E, .k = KA, .limit = L,
+                   .q13 = &W13, .q2 = &W2, .q13s = &W13s, .q2s = &W2s};
+    void *wsb = dpoison(v41g_moe_ws_size(&mb)), *wsq = dpoison(v41g_moe_ws_size(&mq));
+    uint16_t *dob = dpoison(2 * T * D), *doq = dpoison(2 * T * D), *doq2 = dpoison(2 * T * D);
+    ck_assert_int_eq(v41g_moe_ffn(&mb, dx, di, dw, wsb, dob, NULL), 0);
+    ck_assert_int_eq(v41g_moe_ffn(&mq, dx, di, dw, wsq, doq, NULL), 0);
+    ck_assert_int_eq(v41g_moe_ffn(&mq, dx, di, dw, wsq, doq2, NULL), 0);
+    uint16_t *ob = down(dob, 2 * T * D), *oq = down(doq, 2 * T * D), *oq2 = down(doq2, 2 * T * D);
+    check_same("moe (fp4/fp8 weights)", oq, oq2, 2 * T * D);
+    int same = 0;
+    for (int i = 0; i < T * D; i++) same += ob[i] == oq[i];
+    printf("test_gpu_wq: moe %s: %d of %d outputs bitwise equal to the bf16-weight path\n", exact ? "exact" : "random",
+           same, T * D);
+    if (exact) {
+        for (int i = 0; i < T * D; i++)
+            ck_assert_msg(ob[i] == oq[i], "moe exact: out[%d][%d] = 0x%04x with fp4/fp8 weights, 0x%04x with bf16 weights "
+                          "(every sum is exact: a different rounding point)", i / D, i % D, oq[i], ob[i]);
+    } else {
+        float ref[T * D];
+        double A[T * D], B[T * D], gmax;
+        moe_mirror(T, D, I, E, KA, L, x, idx, wts, q13.deq, q2.deq, q13s.deq, q2s.deq, ref, A, B, &gmax);
+        ck_assert_msg(gmax < 8, "moe random: |g| up to %g (the bound assumes moderate gates)", gmax);
+        for (int i = 0; i < T * D; i++) {
+            double g = v41_bf16_to_f32(oq[i]), b = v41_bf16_to_f32(ob[i]), r = ref[i];
+            double tb = moe_tol(fmax(fabs(g), fabs(b)), A[i], B[i], gmax), tr = moe_tol(fmax(fabs(g), fabs(r)), A[i], B[i], gmax);
+            ck_assert_msg(fabs(g - b) <= tb, "moe random: out[%d][%d] = %.9g with fp4/fp8 weights, %.9g with bf16 weights "
+                          "(bound %.3g, sum|h w| %.3g)", i / D, i % D, g, b, tb, A[i]);
+            ck_assert_msg(fabs(g - r) <= tr, "moe random: out[%d][%d] = %.9g with fp4/fp8 weights, CPU mirror %.9g "
+                          "(bound %.3g, sum|h w| %.3g)", i / D, i % D, g, r, tr, A[i]);
+        }
+    }
+    v41g_free(dx); v41g_free(di); v41g_free(dw); v41g_free(wsb); v41g_free(wsq);
+    v41g_free(dob); v41g_free(doq); v41g_free(doq2);
+    for (int j = 0; j < 4; j++) v41g_free(dbf[j]);
+    free(ob); free(oq); free(oq2);
+    qw_free(&q13); qw_free(&q2); qw_free(&q13s); qw_free(&q2s);
+}
+END_TEST
+
+/* ------------------------------------------------------------ bad arguments */
+/* an invalid format, K % 32 != 0, fp4 with r0 != 0 ("r0 must be 0"): cudaErrorInvalidValue from
+ * all three entry points, and the output untouched */
+START_TEST(test_bad_args)
+{
+    enum { N = 64, K = 64, M = 4 };
+    rng_seed(800);
+    qw q = qw_make(V41G_WQ_FP8, 1, N, K, 0, 0, gen_fp8_any, 120, 124);
+    uint16_t *x = rand_x(M, K);
+    uint16_t *dx = up(x, sizeof(uint16_t) * M * K);
+    int32_t off[2] = {0, M}, *doff = up(off, sizeof off);
+    enum { YB = 16384 };   /* more than any of the calls below could write (dequant of 80 x 48 bf16...) */
+    void *dy = dfill(YB, 0x5a), *ws = dfill(1 << 16, 0);
+    v41g_wq bad[4];
+    for (int j = 0; j < 4; j++) bad[j] = qw_desc(&q, 0);
+    bad[0].fmt = 0;
+    bad[1].fmt = 3;
+    bad[2].K = 48; bad[2].N = 80;          /* the same bytes read as [80, 48] */
+    bad[3].fmt = V41G_WQ_FP4; bad[3].r0 = 32;
+    static const char *nm[4] = {"fmt 0", "fmt 3", "K 48", "fp4 r0 32"};
+    for (int j = 0; j < 4; j++) {
+        ck_assert_msg(v41g_wq_gemm(&bad[j], dx, M, dy, 1, ws, 1 << 16, NULL) == CUDA_INVALID_VALUE,
+                      "v41g_wq_gemm accepted %s", nm[j]);
+        ck_assert_msg(v41g_wq_gemm(&bad[j], dx, M, dy, 0, NULL, 0, NULL) == CUDA_INVALID_VALUE,
+                      "v41g_wq_gemm (bf16 out, no ws) accepted %s", nm[j]);
+        ck_assert_msg(v41g_wq_gemm_grouped(&bad[j], 1, doff, NULL, dx, M, dy, 1, NULL) == CUDA_INVALID_VALUE,
+                      "v41g_wq_gemm_grouped accepted %s", nm[j]);
+        ck_assert_msg(v41g_wq_dequant(&bad[j], 0, dy, NULL) == CUDA_INVALID_VALUE, "v41g_wq_dequant accepted %s", nm[j]);
+        unsigned char *y = down(dy, YB);   /* (down also checks that no error is pending) */
+        for (int i = 0; i < YB; i++)
+            ck_assert_msg(y[i] == 0x5a, "%s: output byte %d written (0x%02x)", nm[j], i, y[i]);
+        free(y);
+    }
+    v41g_free(dx); v41g_free(doff); v41g_free(dy); v41g_free(ws);
+    free(x);
+    qw_free(&q);
+}
+END_TEST
+
+static Suite *wq_suite(void)
+{
+    Suite *s = suite_create("gpu_wq");
+    TCase *tc = tcase_create("gemm");
+    tcase_set_timeout(tc, 120);
+    tcase_add_loop_test(tc, test_gemm_fp8, 0, N_GM);
+    tcase_add_loop_test(tc, test_gemm_fp4, 0, N_GM);
+    tcase_add_loop_test(tc, test_gemm_slice, 0, (int)(sizeof sl_cases / sizeof sl_cases[0]));
+    suite_add_tcase(s, tc);
+    tc = tcase_create("grouped");
+    tcase_set_timeout(tc, 120);
+    tcase_add_loop_test(tc, test_grouped, 0, (int)(sizeof gr_cases / sizeof gr_cases[0]));
+    tcase_add_loop_test(tc, test_dequant, 0, (int)(sizeof dq_cases / sizeof dq_cases[0]));
+    suite_add_tcase(s, tc);
+    tc = tcase_create("moe");
+    tcase_set_timeout(tc, 120);
+    tcase_add_loop_test(tc, test_moe, 0, 2);
+    suite_add_tcase(s, tc);
+    tc = tcase_create("args");
+    tcase_set_timeout(tc, 120);
+    tcase_add_test(tc, test_bad_args);
+    suite_add_tcase(s, tc);
+    return s;
+}
+
+int main(void)
+{
+    if (!gpu_present()) {
+        printf("test_gpu_wq: no CUDA device: skipped\n");
+        return 77;
+    }
+    SRunner *sr = srunner_create(wq_suite());
+    srunner_run_all(sr, CK_NORMAL);
+    int nf = srunner_ntests_failed(sr);
+    srunner_free(sr);
+    return nf ? 1 : 0;
+}
+#endif
