@@ -144,7 +144,7 @@ PY
      ./tests/test_gpu_wq > "$OUT/test_gpu_wq.log" 2>&1; echo "test_gpu_wq rc=$?"; grep -E "^[0-9]+%|Fail|Error|error" "$OUT/test_gpu_wq.log" | head -20
      for tool in memcheck racecheck; do   # racecheck on one test case (CK_RUN_CASE; default the grouped one)
        C=""; [ $tool = racecheck ] && C=${WQ_RACE_CASE:-grouped}
-       CK_RUN_CASE=$C CK_TIMEOUT_MULTIPLIER=40 compute-sanitizer --tool $tool --target-processes all --print-limit 10 ./tests/test_gpu_wq \
+       env ${C:+CK_RUN_CASE=$C} CK_TIMEOUT_MULTIPLIER=40 compute-sanitizer --tool $tool --target-processes all --print-limit 10 ./tests/test_gpu_wq \
          > "$OUT/$tool-test_gpu_wq.log" 2>&1; echo "$tool test_gpu_wq rc=$?"; grep -E "ERROR SUMMARY|RACECHECK SUMMARY" "$OUT/$tool-test_gpu_wq.log" | sort | uniq -c
      done
      ./gpu/bench/v41_gpu_bench --only wq --json "$OUT/profile-wq.json" > "$OUT/bench-wq.log" 2>&1
