@@ -401,6 +401,12 @@ void wq(bench &B, bool quick)
         bool fp4_codes = false;
         for (auto &s : sh) {
             const bool f8 = s.fmt == V41G_WQ_FP8;
+            // random codes stand for tiled codes directly: these shapes are whole 128 x 64 tiles,
+            // so the tiled and the row-major sizes agree (and no padding is needed)
+            if (v41g_wq_tiled_bytes(s.fmt, s.N, s.K) != (f8 ? (size_t)s.N * s.K : (size_t)s.N * s.K / 2)) {
+                fprintf(stderr, "v41 bench gpu: %s is not a whole number of tiles\n", s.nm);
+                exit(2);
+            }
             if (!f8 && !fp4_codes) { fill_bytes(B, codes, wmax, 52, FP4_CODES); fp4_codes = true; }
             v41g_wq W = {s.fmt, s.N, s.K, 0, codes, scales, 0, 0};
             const double wby = f8 ? (double)s.N * s.K + (double)((s.N + 31) / 32) * (s.K / 32)
@@ -427,7 +433,7 @@ void wq(bench &B, bool quick)
         B.free_all();
     }
 
-    // MoE: routed experts fp4 (w1|w3 [E][2I][D/2] + scales [E][2I][D/32], w2 [E][D][I/2] + [E][D][I/32]),
+    // MoE (whole tiles again: 2I = 4608, D = 5120, I = 2304): routed experts fp4 (w1|w3 [E][2I][D/2] + scales [E][2I][D/32], w2 [E][D][I/2] + [E][D][I/32]),
     // shared expert fp8 (w1|w3 [2I][D] + [2I/32][D/32], w2 [D][I] + [D/32][I/32]); the gate bf16, as in moe
     const size_t c13 = (size_t)2 * IM * D / 2, s13 = (size_t)2 * IM * (D / 32), c2 = (size_t)D * IM / 2,
                  s2 = (size_t)D * (IM / 32);

@@ -168,10 +168,12 @@ int get_weight(gh_ctx *g, const v41_lin *L, bool want_bf, bool want_pack, gh_w *
     gh_wq_host P;
     if (want_pack && gh_pack_host(L, &P)) {
         gh_w W;
-        void *dc = nullptr, *ds = nullptr;
-        cudaError_t ce = cudaMalloc(&dc, P.codes.size());
+        uint8_t *dc = nullptr;
+        void *ds = nullptr;
+        size_t tstride = 0;
+        cudaError_t ce = (cudaError_t)gh_upload_tiled(P.fmt, (int)N, (int)K, 1, P.codes.data(), P.codes.size(), &dc,
+                                                      &tstride);
         if (ce == cudaSuccess) ce = cudaMalloc(&ds, P.scales.size());
-        if (ce == cudaSuccess) ce = cudaMemcpy(dc, P.codes.data(), P.codes.size(), cudaMemcpyHostToDevice);
         if (ce == cudaSuccess) ce = cudaMemcpy(ds, P.scales.data(), P.scales.size(), cudaMemcpyHostToDevice);
         if (ce != cudaSuccess) {
             cudaFree(dc);
@@ -187,7 +189,7 @@ int get_weight(gh_ctx *g, const v41_lin *L, bool want_bf, bool want_pack, gh_w *
         W.q.r0 = P.r0;
         W.q.w = (const uint8_t *)dc;
         W.q.s = (const uint8_t *)ds;
-        g->wbytes += P.codes.size() + P.scales.size();
+        g->wbytes += tstride + P.scales.size();
         g->n_packed++;
         auto ins = g->w.emplace(k, W);
         *out = &ins.first->second;
@@ -334,6 +336,30 @@ static int e8m0_of(const v41_tensor *s, int64_t i)
     memcpy(&u, &f, 4);
     const int e = (int)(u >> 23);   // sign must be 0 and the mantissa 0
     return (u & 0x807fffffu) || e == 0 || e == 255 ? -1 : e;
+}
+
+int gh_upload_tiled(int fmt, int N, int K, int groups, const uint8_t *codes, size_t group_bytes, uint8_t **out,
+                    size_t *stride)
+{
+    *out = nullptr;
+    const size_t tb = v41g_wq_tiled_bytes(fmt, N, K);
+    if (!tb || groups <= 0) return (int)cudaErrorInvalidValue;
+    uint8_t *tmp = nullptr, *d = nullptr;
+    cudaError_t ce = cudaMalloc(&tmp, group_bytes * groups);
+    if (ce == cudaSuccess) ce = cudaMalloc(&d, tb * groups);
+    if (ce == cudaSuccess) ce = cudaMemcpy(tmp, codes, group_bytes * groups, cudaMemcpyHostToDevice);
+    int rc = (int)ce;
+    for (int gi = 0; gi < groups && !rc; gi++) rc = v41g_wq_tile(fmt, N, K, tmp + gi * group_bytes, d + gi * tb, NULL);
+    if (!rc) rc = (int)cudaDeviceSynchronize();
+    cudaFree(tmp);
+    if (rc) {
+        cudaFree(d);
+        cudaGetLastError();
+        return rc;
+    }
+    *out = d;
+    *stride = tb;
+    return 0;
 }
 
 bool gh_pack_host(const v41_lin *L, gh_wq_host *out)

@@ -235,16 +235,21 @@ bool up_experts_q(gd_ctx *g, const expert_w *X, int n, v41g_wq *q13, v41g_wq *q2
     const v41_lin &a = X[0].w1, &b = X[0].w2;
     if (fmt == V41G_WQ_FP8 && n > 1) return false;   // 32-row scale blocks: one group (the shared expert)
     if (fmt == V41G_WQ_FP8 && a.N % 32) return false; // w3's blocks must start a block after w1's
-    uint8_t *d[4] = {(uint8_t *)dalloc(g, c13.size(), err), (uint8_t *)dalloc(g, s13.size(), err),
-                     (uint8_t *)dalloc(g, c2.size(), err), (uint8_t *)dalloc(g, s2.size(), err)};
-    const std::vector<uint8_t> *h[4] = {&c13, &s13, &c2, &s2};
-    for (int i = 0; i < 4; i++)
-        if (!d[i] || cudaMemcpy(d[i], h[i]->data(), h[i]->size(), cudaMemcpyHostToDevice) != cudaSuccess) {
-            cudaGetLastError();
-            return false;
-        }
-    *q13 = v41g_wq{fmt, (int)(2 * a.N), (int)a.K, 0, d[0], d[1], (long long)(c13.size() / n), (long long)(s13.size() / n)};
-    *q2 = v41g_wq{fmt, (int)b.N, (int)b.K, 0, d[2], d[3], (long long)(c2.size() / n), (long long)(s2.size() / n)};
+    // codes tiled for v41g_wq (one tiled block per expert), scales as they are
+    uint8_t *t13 = nullptr, *t2 = nullptr;
+    size_t st13 = 0, st2 = 0;
+    if (gh_upload_tiled(fmt, (int)(2 * a.N), (int)a.K, n, c13.data(), c13.size() / n, &t13, &st13)) return false;
+    g->allocs.push_back(t13);
+    if (gh_upload_tiled(fmt, (int)b.N, (int)b.K, n, c2.data(), c2.size() / n, &t2, &st2)) return false;
+    g->allocs.push_back(t2);
+    uint8_t *ds13 = (uint8_t *)dalloc(g, s13.size(), err), *ds2 = (uint8_t *)dalloc(g, s2.size(), err);
+    if (!ds13 || !ds2 || cudaMemcpy(ds13, s13.data(), s13.size(), cudaMemcpyHostToDevice) != cudaSuccess ||
+        cudaMemcpy(ds2, s2.data(), s2.size(), cudaMemcpyHostToDevice) != cudaSuccess) {
+        cudaGetLastError();
+        return false;
+    }
+    *q13 = v41g_wq{fmt, (int)(2 * a.N), (int)a.K, 0, t13, ds13, (long long)st13, (long long)(s13.size() / n)};
+    *q2 = v41g_wq{fmt, (int)b.N, (int)b.K, 0, t2, ds2, (long long)st2, (long long)(s2.size() / n)};
     return true;
 }
 

@@ -43,6 +43,11 @@ struct gh_wq_host {
     std::vector<uint8_t> codes, scales;
 };
 bool gh_pack_host(const v41_lin *L, gh_wq_host *out);
+// Upload the row-major codes of `groups` groups (group_bytes apart on the host) of an [N, K]
+// fmt weight, tiled for v41g_wq (v41g_wq_tile), into one new device buffer (*out, cudaFree
+// it), groups *stride bytes apart. Returns a CUDA error code (0 = success).
+int gh_upload_tiled(int fmt, int N, int K, int groups, const uint8_t *codes, size_t group_bytes, uint8_t **out,
+                    size_t *stride);
 
 // engine.cu: the device copy of a Linear's weight (uploaded on first use, owned by the
 // engine). With q != NULL, an fp8/fp4 Linear (kind Q) whose format fits gh_pack_host stays

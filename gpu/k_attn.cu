@@ -377,10 +377,11 @@ __global__ void g_attn_merge_kernel(const float *__restrict__ part, const float 
 // k 2c..), a2 = (row g, k 2c+8..), a3 = (row g+8, k 2c+8..), so the S accumulators of keys
 // 16ks..16ks+15 (d[8ks .. 8ks+7]) become P's k-step ks as pack(d0,d1), pack(d2,d3), pack(d4,d5),
 // pack(d6,d7) with no data movement.
-// Pipeline per chunk c (buffer b): cp.async.wait_group 0 + fence.proxy.async (each thread's gathered
-// rows become visible to the async proxy) + __syncthreads (all threads' rows landed, both WGs are
-// done with chunk c-1, whose buffer b^1 is free) -> issue GEMM 1 (async) -> issue the cp.async
-// gather of chunk c+1 into b^1 (overlaps GEMM 1, softmax and GEMM 2) -> wait GEMM 1 -> softmax in
+// Pipeline per chunk c (buffer b): __syncthreads (both WGs are done with chunk c-1, whose buffer
+// b^1 is free) -> issue the cp.async gather of chunk c+1 into b^1 (so it flies while chunk c is
+// still landing: two chunks in flight, 128 KB per SM) -> cp.async.wait_group 1 + fence.proxy.async
+// (this thread's rows of chunk c are visible to the async proxy) + __syncthreads (every thread's
+// rows landed) -> issue GEMM 1 (async) -> wait GEMM 1 -> softmax in
 // registers (scale, -1 entries -> -inf, row max over the quad, corr, p = expf(s - m), l = l*corr +
 // sum p, P = bf16(p)) -> O *= corr -> issue GEMM 2 -> wait (both WGs must be done with buffer b
 // before the next iteration's barrier lets chunk c+2 be gathered into it).
@@ -457,9 +458,13 @@ g_sparse_attn_wgmma_kernel(const uint16_t *__restrict__ q, const uint16_t *__res
         const int b = (c - c0) & 1;
         const int *Vs = Vall + (c - c0) * AT_CK;
         const uint64_t boff = (uint64_t)(b * 65536) >> 4;   /* buffer offset in descriptor units */
-        g_cp_wait<0>();
+        __syncthreads();   // both WGs are done with chunk c-1: its buffer b^1 is free
+        // gather chunk c+1 into it now, before waiting for chunk c: two chunks in flight
+        if (c + 1 < c1) prefetch(c + 1, b ^ 1);
+        else g_cp_commit();
+        g_cp_wait<1>();    // this thread's rows of chunk c (and Q) landed (chunk c+1 may still fly)
         aw_fence_proxy_async();
-        __syncthreads();   // chunk c (and Q) landed for every thread; both WGs are done with chunk c-1
+        __syncthreads();   // chunk c landed for every thread
         // GEMM 1: S = Q . K^T (async)
         float s[32];
 #pragma unroll
@@ -472,8 +477,6 @@ g_sparse_attn_wgmma_kernel(const uint16_t *__restrict__ q, const uint16_t *__res
             aw_mma_ss_n64(s, dQ + koff, dK0 + boff + koff, ks > 0);
         }
         aw_wgmma_commit();
-        // gather chunk c+1 into the other buffer while the tensor cores work
-        if (c + 1 < c1) prefetch(c + 1, b ^ 1);
         aw_wgmma_wait<0>();
         aw_fence_regs(s);
         // scale, mask (-1 entries: -inf, never in the max), row max over the quad (lanes 4g..4g+3)

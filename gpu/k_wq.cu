@@ -8,6 +8,12 @@
 // q*scale are bf16-exact too), so every product is exact in fp32 and the result differs from
 // ref's fp32 sum only by the fp32 summation order.
 //
+// Tiled codes: the device copy of the codes is cut into tiles of 128 rows x 64 columns, each tile
+// one contiguous block (8 KB fp8, 4 KB fp4), the k tiles of one 128-row band consecutive,
+// zero-padded past N and K (v41g_wq_tile). A CTA then streams contiguous blocks; in the
+// checkpoint's row-major layout it would read 64 (fp8) or 32 (fp4) bytes from each of 128 rows
+// a K row apart per tile, which DRAM serves at a fraction of its streaming rate.
+//
 // Roles: the weight rows are the mma's M dimension (A, dequantized into registers) and the
 // activation rows (tokens) its N dimension (B): a decode batch of 1..8 rows then wastes no
 // tensor work on padding rows of 16. A CTA (4 warps) computes 128 weight rows (32 per warp, two
@@ -39,7 +45,7 @@
 
 #define WQ_THREADS 128
 #define WQ_BN 128      /* weight rows per CTA (4 warps x 32) */
-#define WQ_STAGES 4
+#define WQ_TK 64       /* columns per k tile */
 #define WQ_XS 144      /* activation row stride in shared memory (bytes): 128 + 16 (conflict-free) */
 
 struct wq_args {
@@ -57,6 +63,8 @@ struct wq_args {
 
 __host__ __device__ constexpr int wq_wrow(int fmt) { return fmt == V41G_WQ_FP8 ? 64 : 32; }   /* code bytes per row per k tile */
 __host__ __device__ constexpr int wq_stage(int fmt, int nt) { return WQ_BN * wq_wrow(fmt) + 8 * nt * WQ_XS; }
+// pipeline depth: small activation tiles (decode) leave room for more weight tiles in flight
+__host__ __device__ constexpr int wq_stages(int nt) { return nt <= 2 ? 6 : 4; }
 
 // 4 e4m3 codes (byte j = element j) times 2^(e-127) (mul = 2^(e-7)): bf16x2 of elements 0,1 and 2,3.
 __device__ __forceinline__ void wq_cvt_fp8(uint32_t u, float mul, uint32_t &p01, uint32_t &p23)
@@ -94,7 +102,7 @@ template <int FMT, int NT>
 __global__ void __launch_bounds__(WQ_THREADS) g_wq_gemm_kernel(wq_args a)
 {
     constexpr int WROW = wq_wrow(FMT), BM = 8 * NT, WT = WQ_BN * WROW, STAGE = wq_stage(FMT, NT);
-    constexpr int WCH = WROW / 16;   /* 16-byte chunks per weight row per tile */
+    constexpr int WQ_STAGES = wq_stages(NT);
     extern __shared__ __align__(16) unsigned char wq_sm[];
     const uint32_t sbase = (uint32_t)__cvta_generic_to_shared(wq_sm);
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, c = lane & 3;
@@ -104,8 +112,8 @@ __global__ void __launch_bounds__(WQ_THREADS) g_wq_gemm_kernel(wq_args a)
     else { mbeg = blockIdx.y * BM; mend = min(a.M, mbeg + BM); }
     if (mbeg >= mend) return;
     const uint8_t *W = a.w + (size_t)grp * a.w_stride, *S = a.s + (size_t)grp * a.s_stride;
-    const size_t wrb = FMT == V41G_WQ_FP8 ? (size_t)a.K : (size_t)a.K / 2;   /* code bytes per row */
     const int KT = (a.K + 63) / 64, ldsK = a.K / 32;
+    const uint8_t *Wb = W + (size_t)blockIdx.x * KT * WT;   /* this CTA's band of tiles */
     const int kt0 = blockIdx.z * a.kt_per_split, kt1 = min(KT, kt0 + a.kt_per_split);
     // this thread's weight rows (i = 2*mt + half: row 16mt + 8half + g of the warp) and their scale rows
     const uint8_t *srow[4];
@@ -124,13 +132,9 @@ __global__ void __launch_bounds__(WQ_THREADS) g_wq_gemm_kernel(wq_args a)
         const int mrows = min(BM, mend - m0);
         auto load = [&](int kt, int st) {
             const uint32_t sw = sbase + st * STAGE, sx = sw + WT;
+            const uint8_t *tile = Wb + (size_t)kt * WT;   /* contiguous, zero-padded */
 #pragma unroll
-            for (int i = tid; i < WQ_BN * WCH; i += WQ_THREADS) {
-                const int r = i / WCH, ch = i % WCH, n = n0 + r;
-                const size_t kb = (size_t)kt * WROW + ch * 16;
-                const bool ok = n < a.N && kb < wrb;
-                g_cp_async16(sw + r * WROW + ch * 16, ok ? W + (size_t)n * wrb + kb : W, ok ? 16 : 0);
-            }
+            for (int i = tid; i < WT / 16; i += WQ_THREADS) g_cp_async16(sw + i * 16, tile + i * 16, 16);
 #pragma unroll
             for (int i = tid; i < BM * 8; i += WQ_THREADS) {
                 const int r = i >> 3, ch = i & 7, k = kt * 64 + ch * 8;
@@ -249,20 +253,39 @@ __global__ void g_wq_dequant_kernel(v41g_wq W, int g, uint16_t *__restrict__ out
     const size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x, per = (size_t)W.K / 8;
     if (i >= (size_t)W.N * per) return;
     const int n = (int)(i / per), j = (int)(i % per), kb = (8 * j) / 32, ldsK = W.K / 32;
-    const uint8_t *codes = W.w + (size_t)g * W.w_stride, *sc = W.s + (size_t)g * W.s_stride;
+    const uint8_t *sc = W.s + (size_t)g * W.s_stride;
+    const int KT = (W.K + 63) / 64, kt = (8 * j) / 64, kc = (8 * j) % 64;   /* tile column */
+    const uint8_t *tile = W.w + (size_t)g * W.w_stride + ((size_t)(n / WQ_BN) * KT + kt) * WQ_BN * wq_wrow(W.fmt) +
+                          (size_t)(n % WQ_BN) * wq_wrow(W.fmt);
     uint4 o;
     if (W.fmt == V41G_WQ_FP8) {
         const uint32_t e = sc[(size_t)((W.r0 + n) >> 5) * ldsK + kb];
-        const uint2 u = *(const uint2 *)(codes + (size_t)n * W.K + 8 * j);
+        const uint2 u = *(const uint2 *)(tile + kc);
         wq_cvt_fp8(u.x, wq_mul_fp8(e), o.x, o.y);
         wq_cvt_fp8(u.y, wq_mul_fp8(e), o.z, o.w);
     } else {
         const uint32_t e = sc[(size_t)n * ldsK + kb];
-        const uint32_t u = *(const uint32_t *)(codes + (size_t)n * (W.K / 2) + 4 * j);
+        const uint32_t u = *(const uint32_t *)(tile + kc / 2);
         wq_cvt_fp4(u, wq_mul_fp4(e), o.x, o.y);
         wq_cvt_fp4(u >> 16, wq_mul_fp4(e), o.z, o.w);
     }
     *(uint4 *)(out + (size_t)n * W.K + 8 * j) = o;
+}
+
+// Tiled copy of checkpoint-layout codes: thread i -> 16-byte chunk i of the tiled buffer.
+__global__ void g_wq_tile_kernel(int fmt, int N, int K, const uint8_t *__restrict__ codes, uint8_t *__restrict__ tiled,
+                                 size_t chunks)
+{
+    const size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x;
+    if (i >= chunks) return;
+    const int WROW = wq_wrow(fmt), WT = WQ_BN * WROW, KT = (K + 63) / 64;
+    const size_t byte = i * 16, t = byte / WT;
+    const int in = (int)(byte % WT), r = in / WROW, cb = in % WROW;
+    const int n = (int)(t / KT) * WQ_BN + r, kt = (int)(t % KT);
+    const size_t rowb = fmt == V41G_WQ_FP8 ? (size_t)K : (size_t)K / 2, kb = (size_t)kt * WROW + cb;
+    uint4 v = make_uint4(0, 0, 0, 0);
+    if (n < N && kb < rowb) v = *(const uint4 *)(codes + (size_t)n * rowb + kb);
+    *(uint4 *)(tiled + byte) = v;
 }
 
 namespace {
@@ -308,7 +331,7 @@ int split_for(const v41g_wq *W, int M, size_t ws_bytes, int *kps)
 template <int FMT, int NT>
 int launch_t(dim3 grid, const wq_args &a, cudaStream_t st)
 {
-    const int sm = WQ_STAGES * wq_stage(FMT, NT);
+    const int sm = wq_stages(NT) * wq_stage(FMT, NT);
     static bool attr = false;   // one attribute call per instantiation (idempotent anyway)
     if (!attr) {
         G_CHECK(cudaFuncSetAttribute(g_wq_gemm_kernel<FMT, NT>, cudaFuncAttributeMaxDynamicSharedMemorySize, sm));
@@ -339,6 +362,22 @@ wq_args args_of(const v41g_wq *W, const uint16_t *x, int M, void *y, int out_f32
 }
 
 }  // namespace
+
+extern "C" size_t v41g_wq_tiled_bytes(int fmt, int N, int K)
+{
+    if ((fmt != V41G_WQ_FP8 && fmt != V41G_WQ_FP4) || N <= 0 || K <= 0 || K % 32) return 0;
+    return (size_t)((N + WQ_BN - 1) / WQ_BN) * ((K + 63) / 64) * WQ_BN * wq_wrow(fmt);
+}
+
+extern "C" int v41g_wq_tile(int fmt, int N, int K, const uint8_t *codes, uint8_t *tiled, v41g_stream s)
+{
+    const size_t bytes = v41g_wq_tiled_bytes(fmt, N, K);
+    if (!bytes || !codes || !tiled || ((uintptr_t)codes | (uintptr_t)tiled) % 16) return (int)cudaErrorInvalidValue;
+    const size_t chunks = bytes / 16;
+    g_wq_tile_kernel<<<(unsigned)((chunks + 255) / 256), 256, 0, G_STREAM(s)>>>(fmt, N, K, codes, tiled, chunks);
+    G_LAUNCHED();
+    return 0;
+}
 
 extern "C" size_t v41g_wq_ws_bytes(const v41g_wq *W, int M)
 {

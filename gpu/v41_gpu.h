@@ -104,24 +104,33 @@ int v41g_topk(const float *I, const int32_t *visible, int T, int S, int k, int32
               uint8_t *tie_cut, v41g_stream s);
 
 /* ---- Linears with weights in their storage formats (SPEC §2) ----
- * W[N,K] kept on the device as the checkpoint stores it (K % 32 == 0):
- *   V41G_WQ_FP8: e4m3 codes [N][K] (a byte each), e8m0 scales [ceil((r0+N)/32)][K/32]
+ * W[N,K] kept on the device in the checkpoint's format (K % 32 == 0):
+ *   V41G_WQ_FP8: e4m3 codes (a byte each), e8m0 scales [ceil((r0+N)/32)][K/32]
  *                (one per 32x32 block; row n of W uses scale row (r0 + n) / 32, so a
  *                slice of a checkpoint tensor starting at row r0 > 0 keeps its blocks);
- *   V41G_WQ_FP4: e2m1 codes two per byte, element 2j in the LOW nibble, [N][K/2],
- *                e8m0 scales [N][K/32] (one per row and 32 columns); r0 must be 0.
+ *   V41G_WQ_FP4: e2m1 codes two per byte, element 2j in the LOW nibble, e8m0 scales
+ *                [N][K/32] (one per row and 32 columns); r0 must be 0.
+ * The codes are TILED: v41g_wq_tile turns the checkpoint's row-major codes ([N][K]
+ * bytes fp8, [N][K/2] fp4) into tiles of 128 rows x 64 columns, each tile one
+ * contiguous block (row r of a tile at r*64 bytes fp8, r*32 fp4), the tiles of a
+ * 128-row band consecutive along K, zero-padded past N and K
+ * (v41g_wq_tiled_bytes bytes): the GEMM then streams contiguous blocks. The scales
+ * keep the checkpoint layout.
  * Value = code * 2^(e - 127), dequantized to bf16 inside the kernel (exact: an
  * e4m3 or e2m1 code times a power of two fits bf16). Codes must not be e4m3 NaN
  * (0x7F/0xFF); fp8 scales must lie in 2^-117..2^7 (e in [10, 134]) and fp4 scales in
  * 2^-125..2^127 (e in [2, 254]), where every dequantized value is a normal bf16
  * (the engine checks this at upload and keeps other weights as bf16). Grouped calls
- * (MoE experts): group g's codes start at w + g*w_stride bytes and its scales at
- * s + g*s_stride. w, w_stride and x must be 16-byte aligned (cp.async). */
+ * (MoE experts): group g's tiled codes start at w + g*w_stride bytes and its scales
+ * at s + g*s_stride. w, w_stride and x must be 16-byte aligned (cp.async). */
 enum { V41G_WQ_FP8 = 1, V41G_WQ_FP4 = 2 };
+size_t v41g_wq_tiled_bytes(int fmt, int N, int K);   /* 0 for a bad format or shape */
+/* codes (device, row-major checkpoint layout, 16-byte aligned) -> tiled (device) */
+int v41g_wq_tile(int fmt, int N, int K, const uint8_t *codes, uint8_t *tiled, v41g_stream s);
 typedef struct v41g_wq {
     int fmt;                       /* V41G_WQ_FP8 or V41G_WQ_FP4 */
     int N, K, r0;
-    const uint8_t *w, *s;          /* codes, scales (device) */
+    const uint8_t *w, *s;          /* tiled codes, scales (device) */
     long long w_stride, s_stride;  /* bytes between groups (grouped calls only) */
 } v41g_wq;
 /* y[M,N] = x[M,K] . deq(W)^T: x bf16 (for an emulate-mode Linear the caller has

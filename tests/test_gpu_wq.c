@@ -85,6 +85,8 @@ typedef struct {
     uint8_t *w, *s;         /* host: G groups */
     float *deq;             /* host: [G][N][K] dequantized values of the slice */
     uint8_t *dw, *ds;       /* device copies of w, s */
+    uint8_t *dt;            /* device: the slice's codes tiled (v41g_wq_tile), group stride tst */
+    size_t tst;
 } qw;
 
 /* G groups of a [r0 + N, K] weight (row slice r0.. used), codes from gen, scales uniform in
@@ -92,7 +94,7 @@ typedef struct {
  * scales) with 0xFF (NaN) bytes in between */
 static qw qw_make(int fmt, int G, int N, int K, int r0, int pad, code_gen gen, int slo, int shi)
 {
-    qw q = {fmt, G, N, K, r0, 0, 0, 0, 0, NULL, NULL, NULL, NULL, NULL};
+    qw q = {fmt, G, N, K, r0, 0, 0, 0, 0, NULL, NULL, NULL, NULL, NULL, NULL, 0};
     const int R = r0 + N, KB = K / 32;
     q.wn = fmt == V41G_WQ_FP8 ? (size_t)R * K : (size_t)R * (K / 2);
     q.sn = fmt == V41G_WQ_FP8 ? (size_t)((R + 31) / 32) * KB : (size_t)R * KB;
@@ -132,6 +134,16 @@ static qw qw_make(int fmt, int G, int N, int K, int r0, int pad, code_gen gen, i
     }
     q.dw = up(q.w, q.wst * G);
     q.ds = up(q.s, q.sst * G);
+    /* the kernels read tiled codes: tile each group's slice (rows r0..); pad > 0: NaN bytes
+     * between the groups' tiled blocks, as between the checkpoint copies */
+    const size_t tb = v41g_wq_tiled_bytes(fmt, N, K);
+    ck_assert_uint_gt(tb, 0);
+    q.tst = pad ? (tb + 100 + 255) / 256 * 256 : tb;
+    q.dt = dpoison(q.tst * G);
+    for (int g = 0; g < G; g++) {
+        const uint8_t *src = q.dw + g * q.wst + (fmt == V41G_WQ_FP8 ? (size_t)r0 * K : 0);
+        ck_assert_int_eq(v41g_wq_tile(fmt, N, K, src, q.dt + g * q.tst, NULL), 0);
+    }
     return q;
 }
 /* the v41g_wq of the slice: codes from row r0, scales from the full tensor's first scale row
@@ -139,14 +151,13 @@ static qw qw_make(int fmt, int G, int N, int K, int r0, int pad, code_gen gen, i
  * with r0 % 32 (both must give the same result) */
 static v41g_wq qw_desc(const qw *q, int rebase)
 {
-    v41g_wq W = {q->fmt, q->N, q->K, q->r0, q->dw, q->ds, (long long)q->wst, (long long)q->sst};
-    if (q->fmt == V41G_WQ_FP8) W.w = q->dw + (size_t)q->r0 * q->K;
+    v41g_wq W = {q->fmt, q->N, q->K, q->r0, q->dt, q->ds, (long long)q->tst, (long long)q->sst};
     if (rebase) { W.s = q->ds + (size_t)(q->r0 / 32) * (q->K / 32); W.r0 = q->r0 % 32; }
     return W;
 }
 static void qw_free(qw *q)
 {
-    v41g_free(q->dw); v41g_free(q->ds);
+    v41g_free(q->dw); v41g_free(q->ds); v41g_free(q->dt);
     free(q->w); free(q->s); free(q->deq);
 }
 
