@@ -2,31 +2,32 @@
 // fp8 e4m3 codes with one e8m0 scale per 32x32 block, or fp4 e2m1 codes (two per byte) with one
 // e8m0 scale per row and 32 columns. The weight is dequantized in registers, inside the GEMM.
 //
-// y[M,N] = x[M,K] . deq(W)^T on tensor cores (mma.sync m16n8k16, bf16 operands, fp32 accumulate).
-// The dequantized operand is exact in bf16 (a 4-significant-bit e4m3 or 2-bit e2m1 code times a
-// power of two), and x is bf16 (act_quant'ed by the caller for emulate-mode Linears, whose values
-// q*scale are bf16-exact too), so every product is exact in fp32 and the result differs from
-// ref's fp32 sum only by the fp32 summation order.
+// y[M,N] = x[M,K] . deq(W)^T on tensor cores, bf16 operands, fp32 accumulate. The dequantized
+// operand is exact in bf16 (a 4-significant-bit e4m3 or 2-bit e2m1 code times a power of two),
+// and x is bf16 (act_quant'ed by the caller for emulate-mode Linears, whose values q*scale are
+// bf16-exact too), so every product is exact in fp32 and the result differs from ref's fp32 sum
+// only by the fp32 summation order.
+//
+// Roles: the weight rows are the MMA's M dimension (A, dequantized into registers) and the
+// activation rows (tokens) its N dimension (B, bf16 in shared memory): a decode batch of 1..8
+// rows wastes no tensor work on padding rows. A CTA computes 128 weight rows x BM activation
+// rows over 64-wide k tiles staged in shared memory by a 4- or 6-stage cp.async pipeline.
+//  - sm_90a: g_wq_wgmma_kernel, 2 warpgroups (64 weight rows each), wgmma.m64nBMk16 with A from
+//    registers and B (activations, 128-byte-swizzled K-major rows) from shared memory, BM = 8..128.
+//  - elsewhere (or V41_WQ_NO_WGMMA=1): g_wq_mma_kernel, 4 warps (32 weight rows each, two m16
+//    tiles), mma.sync m16n8k16, BM = 8*NT.
 //
 // Tiled codes: the device copy of the codes is cut into tiles of 128 rows x 64 columns, each tile
 // one contiguous block (8 KB fp8, 4 KB fp4), the k tiles of one 128-row band consecutive,
 // zero-padded past N and K (v41g_wq_tile). A CTA then streams contiguous blocks; in the
 // checkpoint's row-major layout it would read 64 (fp8) or 32 (fp4) bytes from each of 128 rows
-// a K row apart per tile, which DRAM serves at a fraction of its streaming rate.
-//
-// Roles: the weight rows are the mma's M dimension (A, dequantized into registers) and the
-// activation rows (tokens) its N dimension (B): a decode batch of 1..8 rows then wastes no
-// tensor work on padding rows of 16. A CTA (4 warps) computes 128 weight rows (32 per warp, two
-// m16 tiles) x BM = 8*NT activation rows, over 64-wide k tiles staged in shared memory by a
-// 4-stage cp.async pipeline (weight codes raw, activations bf16 in rows padded to 144 bytes).
-//
-// K-slot permutation. The sum over k does not care in which mma slot a k lands, as long as A and
-// B agree. Thread (g = lane/4, c = lane%4) of a warp gives mma k-step s (s = 0..3 of a 64-k tile)
-// the k values 16c + 4s + {0,1} in its slots {2c, 2c+1} and 16c + 4s + {2,3} in {2c+8, 2c+9}, for
-// both operands. So each thread reads, per weight row, the contiguous codes of k = 16c..16c+15 (16
-// bytes fp8 / 8 bytes fp4: one vector load from shared memory, conflict-free: a quarter warp
-// covers 128 contiguous bytes) and per activation row 32 contiguous bytes, and its 16 k values all
-// fall in one 32-wide scale block (number 2*kt + c/2).
+// a K row apart per tile, which DRAM serves at a fraction of its streaming rate. Inside a tile
+// row the 64 columns are permuted: position p = 16c + 4s + j holds column
+// k = 16s + 2c + (j & 1) + 8 (j >> 1) (c, s, j = 0..3). That is the MMA A-fragment order: the
+// thread with lane % 4 = c needs, for k-step s, columns 16s + 2c, +1 (register a0/a1) and
+// 16s + 2c + 8, +9 (a2/a3); so one 16-byte (fp8) or 8-byte (fp4) shared-memory load gives a
+// thread all four k-steps of a row, and 32-bit word s (fp4: 16-bit half s) is k-step s. Its
+// columns of k-steps 0,1 lie in scale block 2kt and of k-steps 2,3 in block 2kt + 1.
 //
 // Dequantization in registers:
 //  - fp8: a byte permute puts each code in the high byte of a 16-bit lane (sign at bit 15) and its
@@ -34,19 +35,20 @@
 //    codes included (as bf16 subnormals); one bf16x2 multiply by 2^(e-7) gives code * 2^(e-127)
 //    exactly (a normal bf16 for e in [10, 134]). About 2.5 instructions per element.
 //  - fp4: a byte-permute lookup gives the bf16 bits of the 8 magnitudes {0,.5,1,1.5,2,3,4,6}, the
-//    sign bit is or-ed in, and one bf16x2 multiply by 2^(e-127) (a normal bf16 for e >= 1) scales
-//    them exactly.
+//    sign bit is or-ed in, and one bf16x2 multiply by 2^(e-127) (a normal bf16 for e >= 2) scales
+//    them exactly. About 3 instructions per element.
 // Small M: the k range is split over CTAs (gridDim.z) when there are too few CTAs for the SMs;
 // each split writes fp32 partials and a second kernel sums them in split order (deterministic).
 // Grouped calls (MoE): CTA (n tile, group) walks its group's rows in BM-row tiles; the group
 // offsets are read on the device, so a call never waits for the host.
 #include "g_internal.cuh"
+#include "k_attn_wgmma.cuh"
+#include "k_wq_wgmma.cuh"
 #include <algorithm>
+#include <stdlib.h>
 
-#define WQ_THREADS 128
-#define WQ_BN 128      /* weight rows per CTA (4 warps x 32) */
-#define WQ_TK 64       /* columns per k tile */
-#define WQ_XS 144      /* activation row stride in shared memory (bytes): 128 + 16 (conflict-free) */
+#define WQ_BN 128      /* weight rows per CTA */
+#define WQ_XS 144      /* mma.sync kernel: activation row stride in shared memory (128 + 16: conflict-free) */
 
 struct wq_args {
     const uint8_t *w, *s;
@@ -62,9 +64,14 @@ struct wq_args {
 };
 
 __host__ __device__ constexpr int wq_wrow(int fmt) { return fmt == V41G_WQ_FP8 ? 64 : 32; }   /* code bytes per row per k tile */
-__host__ __device__ constexpr int wq_stage(int fmt, int nt) { return WQ_BN * wq_wrow(fmt) + 8 * nt * WQ_XS; }
 // pipeline depth: small activation tiles (decode) leave room for more weight tiles in flight
-__host__ __device__ constexpr int wq_stages(int nt) { return nt <= 2 ? 6 : 4; }
+__host__ __device__ constexpr int wq_stages(int bm) { return bm <= 16 ? 6 : 4; }
+// column of tile-row position p (the A-fragment permutation above), and its inverse
+__host__ __device__ constexpr int wq_col_of(int p) { return 16 * ((p >> 2) & 3) + 2 * (p >> 4) + (p & 1) + 8 * ((p >> 1) & 1); }
+__host__ __device__ constexpr int wq_pos_of(int k)
+{
+    return 16 * ((k & 7) >> 1) + 4 * (k >> 4) + 2 * ((k >> 3) & 1) + (k & 1);
+}
 
 // 4 e4m3 codes (byte j = element j) times the bf16x2 scale mul = 2^(e-7): bf16x2 of elements 0,1
 // and 2,3. Each byte goes to the high byte of a 16-bit lane (sign at bit 15), its 7 magnitude bits
@@ -108,41 +115,85 @@ __device__ __forceinline__ uint32_t wq_mul_fp4(uint32_t e)
     return b | (b << 16);
 }
 
-template <int FMT, int NT>
-__global__ void __launch_bounds__(WQ_THREADS) g_wq_gemm_kernel(wq_args a)
+
+// ---- shared pieces of both kernels: the CTA's rows, their scales, the activation loads, the epilogue
+struct wq_cta {
+    int grp, mbeg, mend, n0, KT, ldsK, kt0, kt1;
+    const uint8_t *S;
+    __device__ wq_cta(const wq_args &a, int BM) {
+        n0 = blockIdx.x * WQ_BN;
+        grp = 0;
+        if (a.off) { grp = blockIdx.y; mbeg = a.off[grp]; mend = a.off[grp + 1]; }
+        else { mbeg = blockIdx.y * BM; mend = min(a.M, mbeg + BM); }
+        KT = (a.K + 63) / 64;
+        ldsK = a.K / 32;
+        kt0 = blockIdx.z * a.kt_per_split;
+        kt1 = min(KT, kt0 + a.kt_per_split);
+        S = a.s + (size_t)grp * a.s_stride;
+    }
+};
+// scale row of weight row n of the CTA's band (clamped into the matrix)
+template <int FMT> __device__ __forceinline__ const uint8_t *wq_srow(const wq_args &a, const uint8_t *S, int n)
 {
-    constexpr int WROW = wq_wrow(FMT), BM = 8 * NT, WT = WQ_BN * WROW, STAGE = wq_stage(FMT, NT);
-    constexpr int WQ_STAGES = wq_stages(NT);
+    n = min(n, a.N - 1);
+    return S + (size_t)(FMT == V41G_WQ_FP8 ? (a.r0 + n) >> 5 : n) * (a.K / 32);
+}
+// the two scale bytes (blocks 2kt, 2kt+1) of a row as bf16x2 multipliers
+template <int FMT> __device__ __forceinline__ void wq_scales(const uint8_t *srow, int kt, int ldsK, uint32_t (&m)[2])
+{
+#pragma unroll
+    for (int b = 0; b < 2; b++) {
+        const int kb = 2 * kt + b;
+        const uint32_t e = kb < ldsK ? (uint32_t)__ldg(srow + kb) : 127u;
+        m[b] = FMT == V41G_WQ_FP8 ? wq_mul_fp8(e) : wq_mul_fp4(e);
+    }
+}
+// k-step s of one row: bf16x2 of columns (16s + 2c, +1) and (16s + 2c + 8, +9)
+template <int FMT> __device__ __forceinline__ void wq_step(const uint32_t *raw, int s, const uint32_t (&m)[2],
+                                                           uint32_t &lo, uint32_t &hi)
+{
+    if (FMT == V41G_WQ_FP8) wq_cvt_fp8(raw[s], m[s >> 1], lo, hi);
+    else wq_cvt_fp4(raw[s >> 1] >> (16 * (s & 1)), m[s >> 1], lo, hi);
+}
+// raw codes of one row of the staged tile: this thread's 16 (fp8) or 8 (fp4) bytes
+template <int FMT> __device__ __forceinline__ void wq_raw(const unsigned char *Ws, int row, int c, uint32_t *raw)
+{
+    constexpr int WROW = wq_wrow(FMT);
+    const unsigned char *p = Ws + row * WROW + (WROW / 4) * c;
+    if (FMT == V41G_WQ_FP8) {
+        const uint4 v = *(const uint4 *)p;
+        raw[0] = v.x; raw[1] = v.y; raw[2] = v.z; raw[3] = v.w;
+    } else {
+        const uint2 v = *(const uint2 *)p;
+        raw[0] = v.x; raw[1] = v.y;
+    }
+}
+__device__ __forceinline__ void wq_store(const wq_args &a, int m0, int r, int n, float v)
+{
+    const size_t o = (size_t)(m0 + r) * a.N + n;
+    if (a.part) a.part[(size_t)blockIdx.z * a.M * a.N + o] = v;
+    else if (a.out_f32) ((float *)a.y)[o] = v;
+    else ((uint16_t *)a.y)[o] = g_f2bf(v);
+}
+
+// ---- mma.sync kernel (any sm_80+ device): 4 warps, warp w: weight rows 32w.. (two m16 tiles)
+template <int FMT, int NT>
+__global__ void __launch_bounds__(128) g_wq_mma_kernel(wq_args a)
+{
+    constexpr int THREADS = 128, WROW = wq_wrow(FMT), BM = 8 * NT, WT = WQ_BN * WROW;
+    constexpr int STAGE = WT + BM * WQ_XS, STAGES = wq_stages(BM);
+    constexpr int NXR = BM * 8 >= THREADS ? BM * 8 / THREADS : 1;
     extern __shared__ __align__(16) unsigned char wq_sm[];
     const uint32_t sbase = (uint32_t)__cvta_generic_to_shared(wq_sm);
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, c = lane & 3;
-    const int n0 = blockIdx.x * WQ_BN;
-    int grp = 0, mbeg, mend;
-    if (a.off) { grp = blockIdx.y; mbeg = a.off[grp]; mend = a.off[grp + 1]; }
-    else { mbeg = blockIdx.y * BM; mend = min(a.M, mbeg + BM); }
-    if (mbeg >= mend) return;
-    const uint8_t *W = a.w + (size_t)grp * a.w_stride, *S = a.s + (size_t)grp * a.s_stride;
-    const int KT = (a.K + 63) / 64, ldsK = a.K / 32;
-    const uint8_t *Wb = W + (size_t)blockIdx.x * KT * WT;   /* this CTA's band of tiles */
-    const int kt0 = blockIdx.z * a.kt_per_split, kt1 = min(KT, kt0 + a.kt_per_split);
-    // this thread's weight rows (i = 2*mt + half: row 16mt + 8half + g of the warp) and their scale rows
-    const uint8_t *srow[4];
+    wq_cta C(a, BM);
+    if (C.mbeg >= C.mend) return;
+    const uint8_t *Wb = a.w + (size_t)C.grp * a.w_stride + (size_t)blockIdx.x * C.KT * WT;
+    const uint8_t *srow[4];   /* rows i = 2*mt + half: row 16mt + 8half + g of the warp */
 #pragma unroll
-    for (int i = 0; i < 4; i++) {
-        const int n = min(n0 + warp * 32 + 8 * i + g, a.N - 1);
-        srow[i] = S + (size_t)(FMT == V41G_WQ_FP8 ? (a.r0 + n) >> 5 : n) * ldsK;
-    }
-    auto scale_bytes = [&](int kt, uint32_t (&e)[4]) {
-        const int kb = 2 * kt + (c >> 1);
-#pragma unroll
-        for (int i = 0; i < 4; i++) e[i] = kb < ldsK ? (uint32_t)__ldg(srow[i] + kb) : 127u;
-    };
-
-    for (int m0 = mbeg; m0 < mend; m0 += BM) {
-        const int mrows = min(BM, mend - m0);
-        // this thread's activation chunks: column chunk ch of rows xr0 + 16j (the row pointers,
-        // gathered through xrow, are resolved once per m tile, not per k tile)
-        constexpr int NXR = BM * 8 >= WQ_THREADS ? BM * 8 / WQ_THREADS : 1;
+    for (int i = 0; i < 4; i++) srow[i] = wq_srow<FMT>(a, C.S, C.n0 + warp * 32 + 8 * i + g);
+    for (int m0 = C.mbeg; m0 < C.mend; m0 += BM) {
+        const int mrows = min(BM, C.mend - m0);
         const int ch = tid & 7, xr0 = tid >> 3;
         const uint16_t *xp[NXR];
         bool xok[NXR];
@@ -154,12 +205,9 @@ __global__ void __launch_bounds__(WQ_THREADS) g_wq_gemm_kernel(wq_args a)
         }
         auto load = [&](int kt, int st) {
             const uint32_t sw = sbase + st * STAGE, sx = sw + WT;
-            const uint8_t *tile = Wb + (size_t)kt * WT;   /* contiguous, zero-padded */
+            const uint8_t *tile = Wb + (size_t)kt * WT;
 #pragma unroll
-            for (int j = 0; j < WT / 16 / WQ_THREADS; j++) {
-                const int i = tid + j * WQ_THREADS;
-                g_cp_async16(sw + i * 16, tile + i * 16, 16);
-            }
+            for (int j = 0; j < WT / 16 / THREADS; j++) g_cp_async16(sw + (tid + j * THREADS) * 16, tile + (tid + j * THREADS) * 16, 16);
             const bool kin = kt * 64 + ch * 8 < a.K;
 #pragma unroll
             for (int j = 0; j < NXR; j++) {
@@ -177,85 +225,168 @@ __global__ void __launch_bounds__(WQ_THREADS) g_wq_gemm_kernel(wq_args a)
             for (int j = 0; j < NT; j++) acc[mt][j][0] = acc[mt][j][1] = acc[mt][j][2] = acc[mt][j][3] = 0.0f;
         __syncthreads();   // every warp is done with the previous m tile's stages
 #pragma unroll
-        for (int st = 0; st < WQ_STAGES - 1; st++) {
-            if (kt0 + st < kt1) load(kt0 + st, st);
+        for (int st = 0; st < STAGES - 1; st++) {
+            if (C.kt0 + st < C.kt1) load(C.kt0 + st, st);
             g_cp_commit();
         }
-        uint32_t ecur[4], enxt[4];
-        scale_bytes(kt0, ecur);
-        for (int kt = kt0; kt < kt1; kt++) {
-            const int st = (kt - kt0) % WQ_STAGES;
-            g_cp_wait<WQ_STAGES - 2>();
+        for (int kt = C.kt0; kt < C.kt1; kt++) {
+            const int st = (kt - C.kt0) % STAGES;
+            g_cp_wait<STAGES - 2>();
             __syncthreads();   // tile kt landed for all threads; every warp is done with tile kt-1's stage
             {
-                const int kn = kt + WQ_STAGES - 1;
-                if (kn < kt1) load(kn, (kn - kt0) % WQ_STAGES);
+                const int kn = kt + STAGES - 1;
+                if (kn < C.kt1) load(kn, (kn - C.kt0) % STAGES);
                 g_cp_commit();
             }
-            if (kt + 1 < kt1) scale_bytes(kt + 1, enxt);
+            uint32_t mul[4][2];
+#pragma unroll
+            for (int i = 0; i < 4; i++) wq_scales<FMT>(srow[i], kt, C.ldsK, mul[i]);
             const unsigned char *Ws = wq_sm + st * STAGE, *Xs = Ws + WT;
-            // raw codes of this thread's 4 rows, k = 16c..16c+15 of the tile
             uint32_t raw[4][WROW / 16];
 #pragma unroll
-            for (int i = 0; i < 4; i++) {
-                const unsigned char *p = Ws + (warp * 32 + 8 * i + g) * WROW + (WROW / 4) * c;
-                if constexpr (FMT == V41G_WQ_FP8) {
-                    const uint4 v = *(const uint4 *)p;
-                    raw[i][0] = v.x; raw[i][1] = v.y; raw[i][2] = v.z; raw[i][3] = v.w;
-                } else {
-                    const uint2 v = *(const uint2 *)p;
-                    raw[i][0] = v.x; raw[i][1] = v.y;
+            for (int i = 0; i < 4; i++) wq_raw<FMT>(Ws, warp * 32 + 8 * i + g, c, raw[i]);
+#pragma unroll
+            for (int s = 0; s < 4; s++) {
+                uint32_t af[4][2];
+#pragma unroll
+                for (int i = 0; i < 4; i++) wq_step<FMT>(raw[i], s, mul[i], af[i][0], af[i][1]);
+#pragma unroll
+                for (int j = 0; j < NT; j++) {
+                    const unsigned char *xr = Xs + (8 * j + g) * WQ_XS + (16 * s + 2 * c) * 2;
+                    const uint32_t b0 = *(const uint32_t *)xr, b1 = *(const uint32_t *)(xr + 16);
+#pragma unroll
+                    for (int mt = 0; mt < 2; mt++)
+                        g_mma_bf16(acc[mt][j], af[2 * mt][0], af[2 * mt + 1][0], af[2 * mt][1], af[2 * mt + 1][1], b0,
+                                   b1);
                 }
             }
-            uint32_t m8[4], m4[4];
-#pragma unroll
-            for (int i = 0; i < 4; i++) {
-                if constexpr (FMT == V41G_WQ_FP8) m8[i] = wq_mul_fp8(ecur[i]);
-                else m4[i] = wq_mul_fp4(ecur[i]);
-            }
-#pragma unroll
-            for (int h = 0; h < 2; h++) {   /* k steps 2h, 2h+1: activation elements 16c + 8h .. +7 */
-                uint4 xb[NT];
-#pragma unroll
-                for (int j = 0; j < NT; j++) xb[j] = *(const uint4 *)(Xs + (8 * j + g) * WQ_XS + 32 * c + 16 * h);
-#pragma unroll
-                for (int ss = 0; ss < 2; ss++) {
-                    const int s = 2 * h + ss;
-                    uint32_t af[4][2];   /* row i: (elements 4s, 4s+1), (4s+2, 4s+3) */
-#pragma unroll
-                    for (int i = 0; i < 4; i++) {
-                        if constexpr (FMT == V41G_WQ_FP8) wq_cvt_fp8(raw[i][s], m8[i], af[i][0], af[i][1]);
-                        else wq_cvt_fp4(raw[i][s >> 1] >> (16 * (s & 1)), m4[i], af[i][0], af[i][1]);
-                    }
-#pragma unroll
-                    for (int j = 0; j < NT; j++) {
-                        const uint32_t b0 = ss ? xb[j].z : xb[j].x, b1 = ss ? xb[j].w : xb[j].y;
-#pragma unroll
-                        for (int mt = 0; mt < 2; mt++)
-                            g_mma_bf16(acc[mt][j], af[2 * mt][0], af[2 * mt + 1][0], af[2 * mt][1], af[2 * mt + 1][1], b0,
-                                       b1);
-                    }
-                }
-            }
-#pragma unroll
-            for (int i = 0; i < 4; i++) ecur[i] = enxt[i];
         }
         g_cp_wait<0>();
-        // epilogue: acc[mt][j][e] = (weight row 16mt + g (+8 for e >= 2), activation row 8j + 2c (+1 for odd e))
+        // acc[mt][j][e] = (weight row 16mt + g (+8 for e >= 2), activation row 8j + 2c (+1 for odd e))
 #pragma unroll
         for (int mt = 0; mt < 2; mt++)
 #pragma unroll
             for (int j = 0; j < NT; j++)
 #pragma unroll
                 for (int e = 0; e < 4; e++) {
-                    const int n = n0 + warp * 32 + 16 * mt + g + (e >> 1) * 8, r = 8 * j + 2 * c + (e & 1);
-                    if (n >= a.N || r >= mrows) continue;
-                    const size_t o = (size_t)(m0 + r) * a.N + n;
-                    if (a.part) a.part[(size_t)blockIdx.z * a.M * a.N + o] = acc[mt][j][e];
-                    else if (a.out_f32) ((float *)a.y)[o] = acc[mt][j][e];
-                    else ((uint16_t *)a.y)[o] = g_f2bf(acc[mt][j][e]);
+                    const int n = C.n0 + warp * 32 + 16 * mt + g + (e >> 1) * 8, r = 8 * j + 2 * c + (e & 1);
+                    if (n < a.N && r < mrows) wq_store(a, m0, r, n, acc[mt][j][e]);
                 }
     }
+}
+
+// ---- wgmma kernel (sm_90a): 2 warpgroups, warpgroup w: weight rows 64w..64w+63; BN activation
+// rows per m tile (wgmma N). Shared memory per stage: the weight tile (raw codes) then the
+// activation tile, BN rows of 128 bytes with the 128-byte swizzle (16-byte chunk j of row r at
+// chunk j ^ (r % 8)), every stage 1024-byte aligned (the swizzle atom).
+__host__ __device__ constexpr int wq_wg_stage(int fmt, int bn) { return WQ_BN * wq_wrow(fmt) + bn * 128; }
+template <int BN> __device__ __forceinline__ void wq_wg_mma(float (&d)[BN / 2], const uint32_t (&a)[4], uint64_t db)
+{
+#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    if constexpr (BN == 8) wq_mma_rs_n8(d, a[0], a[1], a[2], a[3], db, 1);
+    else if constexpr (BN == 16) wq_mma_rs_n16(d, a[0], a[1], a[2], a[3], db, 1);
+    else if constexpr (BN == 32) wq_mma_rs_n32(d, a[0], a[1], a[2], a[3], db, 1);
+    else if constexpr (BN == 64) wq_mma_rs_n64(d, a[0], a[1], a[2], a[3], db, 1);
+    else wq_mma_rs_n128(d, a[0], a[1], a[2], a[3], db, 1);
+#endif
+}
+
+template <int FMT, int BN>
+__global__ void __launch_bounds__(256, 1) g_wq_wgmma_kernel(wq_args a)
+{
+#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    constexpr int THREADS = 256, WROW = wq_wrow(FMT), WT = WQ_BN * WROW, STAGE = wq_wg_stage(FMT, BN),
+                  STAGES = wq_stages(BN);
+    constexpr int NXR = BN * 8 >= THREADS ? BN * 8 / THREADS : 1;
+    static_assert(WT % 1024 == 0 && STAGE % 1024 == 0, "stages keep the 1024-byte swizzle alignment");
+    extern __shared__ __align__(1024) unsigned char wq_smw[];
+    const uint32_t sraw = (uint32_t)__cvta_generic_to_shared(wq_smw);
+    const uint32_t sbase = (sraw + 1023u) & ~1023u;
+    const unsigned char *gbase = wq_smw + (sbase - sraw);
+    const int tid = threadIdx.x, wg = tid >> 7, w4 = (tid >> 5) & 3, lane = tid & 31, g = lane >> 2, c = lane & 3;
+    wq_cta C(a, BN);
+    if (C.mbeg >= C.mend) return;
+    const uint8_t *Wb = a.w + (size_t)C.grp * a.w_stride + (size_t)blockIdx.x * C.KT * WT;
+    const int rA = 64 * wg + 16 * w4 + g, rB = rA + 8;   /* this thread's rows of the CTA's 128 */
+    const uint8_t *sA = wq_srow<FMT>(a, C.S, C.n0 + rA), *sB = wq_srow<FMT>(a, C.S, C.n0 + rB);
+    for (int m0 = C.mbeg; m0 < C.mend; m0 += BN) {
+        const int mrows = min(BN, C.mend - m0);
+        const int ch = tid & 7, xr0 = tid >> 3;
+        const uint16_t *xp[NXR];
+        bool xok[NXR];
+#pragma unroll
+        for (int j = 0; j < NXR; j++) {
+            const int r = xr0 + 32 * j;
+            xok[j] = r < BN && r < mrows;
+            xp[j] = xok[j] ? a.x + (size_t)(a.xrow ? a.xrow[m0 + r] : m0 + r) * a.K + ch * 8 : a.x;
+        }
+        auto load = [&](int kt, int st) {
+            const uint32_t sw = sbase + st * STAGE, sx = sw + WT;
+            const uint8_t *tile = Wb + (size_t)kt * WT;
+#pragma unroll
+            for (int j = 0; j < WT / 16 / THREADS; j++) g_cp_async16(sw + (tid + j * THREADS) * 16, tile + (tid + j * THREADS) * 16, 16);
+            const bool kin = kt * 64 + ch * 8 < a.K;
+#pragma unroll
+            for (int j = 0; j < NXR; j++) {
+                const int r = xr0 + 32 * j;
+                if (r < BN) {
+                    const bool ok = xok[j] && kin;
+                    g_cp_async16(sx + r * 128 + ((ch ^ (r & 7)) << 4), ok ? xp[j] + kt * 64 : a.x, ok ? 16 : 0);
+                }
+            }
+        };
+        float acc[BN / 2];
+#pragma unroll
+        for (int i = 0; i < BN / 2; i++) acc[i] = 0.0f;
+        __syncthreads();   // every warp is done with the previous m tile's stages
+#pragma unroll
+        for (int st = 0; st < STAGES - 1; st++) {
+            if (C.kt0 + st < C.kt1) load(C.kt0 + st, st);
+            g_cp_commit();
+        }
+        for (int kt = C.kt0; kt < C.kt1; kt++) {
+            const int st = (kt - C.kt0) % STAGES;
+            g_cp_wait<STAGES - 2>();
+            aw_fence_proxy_async();   // this thread's activation rows become visible to wgmma
+            __syncthreads();          // tile kt landed for all threads; everyone is done with tile kt-1's stage
+            {
+                const int kn = kt + STAGES - 1;
+                if (kn < C.kt1) load(kn, (kn - C.kt0) % STAGES);
+                g_cp_commit();
+            }
+            uint32_t mA[2], mB[2];
+            wq_scales<FMT>(sA, kt, C.ldsK, mA);
+            wq_scales<FMT>(sB, kt, C.ldsK, mB);
+            const unsigned char *Ws = gbase + st * STAGE;
+            uint32_t rawA[WROW / 16], rawB[WROW / 16];
+            wq_raw<FMT>(Ws, rA, c, rawA);
+            wq_raw<FMT>(Ws, rB, c, rawB);
+            uint32_t af[4][4];   /* k-step s: a0 (row g, cols 2c..), a1 (row g+8), a2 (row g, cols 2c+8..), a3 */
+#pragma unroll
+            for (int s = 0; s < 4; s++) {
+                wq_step<FMT>(rawA, s, mA, af[s][0], af[s][2]);
+                wq_step<FMT>(rawB, s, mB, af[s][1], af[s][3]);
+            }
+            const uint64_t dx = aw_desc(sbase + st * STAGE + WT, 16, 1024);   /* K-major, 128-byte swizzle */
+            aw_fence_regs(acc);
+            aw_wgmma_fence();
+#pragma unroll
+            for (int s = 0; s < 4; s++) wq_wg_mma<BN>(acc, af[s], dx + (uint64_t)((s * 32) >> 4));
+            aw_wgmma_commit();
+            aw_wgmma_wait<0>();
+            aw_fence_regs(acc);
+        }
+        g_cp_wait<0>();
+        // acc[4i + e] = (weight row rA (+8 for e >= 2), activation row 8i + 2c (+1 for odd e))
+#pragma unroll
+        for (int i = 0; i < BN / 8; i++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                const int n = C.n0 + rA + (e >> 1) * 8, r = 8 * i + 2 * c + (e & 1);
+                if (n < a.N && r < mrows) wq_store(a, m0, r, n, acc[4 * i + e]);
+            }
+    }
+#endif
 }
 
 // y = sum over splits (in split order) of the partials
@@ -269,45 +400,49 @@ __global__ void g_wq_reduce_kernel(const float *__restrict__ part, int splits, s
     else ((uint16_t *)y)[i] = g_f2bf(v);
 }
 
-// bf16 copy of group g: thread i -> row n, elements 8j..8j+7
+// bf16 copy of group g: thread i -> row n, columns 8j..8j+7 (read through the tile permutation)
 __global__ void g_wq_dequant_kernel(v41g_wq W, int g, uint16_t *__restrict__ out)
 {
     const size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x, per = (size_t)W.K / 8;
     if (i >= (size_t)W.N * per) return;
-    const int n = (int)(i / per), j = (int)(i % per), kb = (8 * j) / 32, ldsK = W.K / 32;
+    const int n = (int)(i / per), j = (int)(i % per), ldsK = W.K / 32, KT = (W.K + 63) / 64, WROW = wq_wrow(W.fmt);
     const uint8_t *sc = W.s + (size_t)g * W.s_stride;
-    const int KT = (W.K + 63) / 64, kt = (8 * j) / 64, kc = (8 * j) % 64;   /* tile column */
-    const uint8_t *tile = W.w + (size_t)g * W.w_stride + ((size_t)(n / WQ_BN) * KT + kt) * WQ_BN * wq_wrow(W.fmt) +
-                          (size_t)(n % WQ_BN) * wq_wrow(W.fmt);
-    uint4 o;
-    if (W.fmt == V41G_WQ_FP8) {
-        const uint32_t e = sc[(size_t)((W.r0 + n) >> 5) * ldsK + kb];
-        const uint2 u = *(const uint2 *)(tile + kc);
-        wq_cvt_fp8(u.x, wq_mul_fp8(e), o.x, o.y);
-        wq_cvt_fp8(u.y, wq_mul_fp8(e), o.z, o.w);
-    } else {
-        const uint32_t e = sc[(size_t)n * ldsK + kb];
-        const uint32_t u = *(const uint32_t *)(tile + kc / 2);
-        wq_cvt_fp4(u, wq_mul_fp4(e), o.x, o.y);
-        wq_cvt_fp4(u >> 16, wq_mul_fp4(e), o.z, o.w);
+    const uint32_t e = W.fmt == V41G_WQ_FP8 ? sc[(size_t)((W.r0 + n) >> 5) * ldsK + (8 * j) / 32]
+                                            : sc[(size_t)n * ldsK + (8 * j) / 32];
+    const uint32_t mul = W.fmt == V41G_WQ_FP8 ? wq_mul_fp8(e) : wq_mul_fp4(e);
+    const uint8_t *trow = W.w + (size_t)g * W.w_stride + ((size_t)(n / WQ_BN) * KT + (8 * j) / 64) * WQ_BN * WROW +
+                          (size_t)(n % WQ_BN) * WROW;
+    uint16_t v[8];
+    for (int q = 0; q < 8; q++) {
+        const int p = wq_pos_of((8 * j + q) % 64);
+        uint32_t lo, hi;
+        if (W.fmt == V41G_WQ_FP8) wq_cvt_fp8(trow[p], mul, lo, hi);
+        else wq_cvt_fp4((trow[p >> 1] >> (4 * (p & 1))) & 15u, mul, lo, hi);
+        v[q] = (uint16_t)lo;   /* element 0 of the pair: the code in byte / nibble 0 */
     }
-    *(uint4 *)(out + (size_t)n * W.K + 8 * j) = o;
+    *(uint4 *)(out + (size_t)n * W.K + 8 * j) = *(const uint4 *)v;
 }
 
-// Tiled copy of checkpoint-layout codes: thread i -> 16-byte chunk i of the tiled buffer.
+// Tiled copy of checkpoint-layout codes: thread i -> byte i of a tile row segment (fp8: column
+// wq_col_of(i); fp4: the byte of columns wq_col_of(2i), +1), i over the whole tiled buffer.
 __global__ void g_wq_tile_kernel(int fmt, int N, int K, const uint8_t *__restrict__ codes, uint8_t *__restrict__ tiled,
-                                 size_t chunks)
+                                 size_t bytes)
 {
     const size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x;
-    if (i >= chunks) return;
+    if (i >= bytes) return;
     const int WROW = wq_wrow(fmt), WT = WQ_BN * WROW, KT = (K + 63) / 64;
-    const size_t byte = i * 16, t = byte / WT;
-    const int in = (int)(byte % WT), r = in / WROW, cb = in % WROW;
+    const size_t t = i / WT;
+    const int in = (int)(i % WT), r = in / WROW, b = in % WROW;
     const int n = (int)(t / KT) * WQ_BN + r, kt = (int)(t % KT);
-    const size_t rowb = fmt == V41G_WQ_FP8 ? (size_t)K : (size_t)K / 2, kb = (size_t)kt * WROW + cb;
-    uint4 v = make_uint4(0, 0, 0, 0);
-    if (n < N && kb < rowb) v = *(const uint4 *)(codes + (size_t)n * rowb + kb);
-    *(uint4 *)(tiled + byte) = v;
+    uint8_t v = 0;
+    if (fmt == V41G_WQ_FP8) {
+        const int k = kt * 64 + wq_col_of(b);
+        if (n < N && k < K) v = codes[(size_t)n * K + k];
+    } else {
+        const int k = kt * 64 + wq_col_of(2 * b);   /* even: the pair k, k+1 is one source byte */
+        if (n < N && k < K) v = codes[(size_t)n * (K / 2) + k / 2];
+    }
+    tiled[i] = v;
 }
 
 namespace {
@@ -333,12 +468,33 @@ int num_sms()
     return n;
 }
 
-int nt_for(int rows) { return rows <= 8 ? 1 : rows <= 16 ? 2 : rows <= 32 ? 4 : 8; }
+// activation rows per m tile: 8..128 (wgmma N); the mma.sync kernel takes at most 64 (NT = 8)
+int bm_for(int rows, bool wg) { return rows <= 8 ? 8 : rows <= 16 ? 16 : rows <= 32 ? 32 : rows <= 64 || !wg ? 64 : 128; }
+
+// The wgmma kernel runs on a compute 9.0 device whose loaded code for it is the sm_90a build (a
+// PTX-only build compiles the body away: few registers), unless V41_WQ_NO_WGMMA is set (read at
+// every call: the tests compare both kernels).
+bool use_wgmma()
+{
+    static int ok = -1;
+    if (ok < 0) {
+        int dev = 0, maj = 0, mnr = 0;
+        cudaGetDevice(&dev);
+        cudaDeviceGetAttribute(&maj, cudaDevAttrComputeCapabilityMajor, dev);
+        cudaDeviceGetAttribute(&mnr, cudaDevAttrComputeCapabilityMinor, dev);
+        cudaFuncAttributes fa;
+        ok = maj == 9 && mnr == 0 && cudaFuncGetAttributes(&fa, g_wq_wgmma_kernel<V41G_WQ_FP8, 64>) == cudaSuccess &&
+             fa.numRegs >= 32;
+        cudaGetLastError();
+    }
+    const char *env = getenv("V41_WQ_NO_WGMMA");
+    return ok == 1 && !(env && env[0] && env[0] != '0');
+}
 
 // split count of a dense call: enough CTAs for four per SM, at least 4 k tiles per split, within ws
 int split_for(const v41g_wq *W, int M, size_t ws_bytes, int *kps)
 {
-    const int BM = 8 * nt_for(M), KT = (W->K + 63) / 64;
+    const int BM = bm_for(M, use_wgmma()), KT = (W->K + 63) / 64;
     const long ctas = (long)((W->N + WQ_BN - 1) / WQ_BN) * ((M + BM - 1) / BM);
     int sp = 1;
     const long want = 4L * num_sms();   /* measured: 2 CTAs (8 warps) per SM leave the schedulers idle */
@@ -350,24 +506,37 @@ int split_for(const v41g_wq *W, int M, size_t ws_bytes, int *kps)
     return (KT + *kps - 1) / *kps;
 }
 
-template <int FMT, int NT>
-int launch_t(dim3 grid, const wq_args &a, cudaStream_t st)
+template <typename F> int set_smem(F *kern, int bytes)
 {
-    const int sm = wq_stages(NT) * wq_stage(FMT, NT);
-    static bool attr = false;   // one attribute call per instantiation (idempotent anyway)
-    if (!attr) {
-        G_CHECK(cudaFuncSetAttribute(g_wq_gemm_kernel<FMT, NT>, cudaFuncAttributeMaxDynamicSharedMemorySize, sm));
-        attr = true;
+    static bool done = false;   // one attribute call per instantiation (idempotent anyway)
+    if (!done) {
+        G_CHECK(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes));
+        done = true;
     }
-    g_wq_gemm_kernel<FMT, NT><<<grid, WQ_THREADS, sm, st>>>(a);
+    return 0;
+}
+template <int FMT, int BM>
+int launch_t(dim3 grid, const wq_args &a, cudaStream_t st, bool wg)
+{
+    if (wg) {
+        const int sm = wq_stages(BM) * wq_wg_stage(FMT, BM) + 1024;   /* + alignment of the swizzle atoms */
+        if (int rc = set_smem(g_wq_wgmma_kernel<FMT, BM>, sm)) return rc;
+        g_wq_wgmma_kernel<FMT, BM><<<grid, 256, sm, st>>>(a);
+    } else if constexpr (BM <= 64) {
+        const int sm = wq_stages(BM) * (WQ_BN * wq_wrow(FMT) + BM * WQ_XS);
+        if (int rc = set_smem(g_wq_mma_kernel<FMT, BM / 8>, sm)) return rc;
+        g_wq_mma_kernel<FMT, BM / 8><<<grid, 128, sm, st>>>(a);
+    } else
+        return (int)cudaErrorInvalidValue;
     G_LAUNCHED();
     return 0;
 }
 
-int launch(int fmt, int nt, dim3 grid, const wq_args &a, cudaStream_t st)
+int launch(int fmt, int bm, dim3 grid, const wq_args &a, cudaStream_t st, bool wg)
 {
-#define WQ_L(F) (nt == 1 ? launch_t<F, 1>(grid, a, st) : nt == 2 ? launch_t<F, 2>(grid, a, st) \
-                 : nt == 4 ? launch_t<F, 4>(grid, a, st) : launch_t<F, 8>(grid, a, st))
+#define WQ_L(F) (bm == 8 ? launch_t<F, 8>(grid, a, st, wg) : bm == 16 ? launch_t<F, 16>(grid, a, st, wg) \
+                 : bm == 32 ? launch_t<F, 32>(grid, a, st, wg) : bm == 64 ? launch_t<F, 64>(grid, a, st, wg) \
+                 : launch_t<F, 128>(grid, a, st, wg))
     return fmt == V41G_WQ_FP8 ? WQ_L(V41G_WQ_FP8) : WQ_L(V41G_WQ_FP4);
 #undef WQ_L
 }
@@ -395,8 +564,7 @@ extern "C" int v41g_wq_tile(int fmt, int N, int K, const uint8_t *codes, uint8_t
 {
     const size_t bytes = v41g_wq_tiled_bytes(fmt, N, K);
     if (!bytes || !codes || !tiled || ((uintptr_t)codes | (uintptr_t)tiled) % 16) return (int)cudaErrorInvalidValue;
-    const size_t chunks = bytes / 16;
-    g_wq_tile_kernel<<<(unsigned)((chunks + 255) / 256), 256, 0, G_STREAM(s)>>>(fmt, N, K, codes, tiled, chunks);
+    g_wq_tile_kernel<<<(unsigned)((bytes + 255) / 256), 256, 0, G_STREAM(s)>>>(fmt, N, K, codes, tiled, bytes);
     G_LAUNCHED();
     return 0;
 }
@@ -414,12 +582,13 @@ extern "C" int v41g_wq_gemm(const v41g_wq *W, const uint16_t *x, int M, void *y,
     if (!wq_valid(W) || M < 0 || ((uintptr_t)x % 16)) return (int)cudaErrorInvalidValue;
     if (M == 0) return 0;
     cudaStream_t st = G_STREAM(s);
-    const int nt = nt_for(M), BM = 8 * nt;
+    const bool wg = use_wgmma();
+    const int BM = bm_for(M, wg);
     wq_args a = args_of(W, x, M, y, out_f32);
     const int sp = split_for(W, M, ws ? ws_bytes : 0, &a.kt_per_split);
     if (sp > 1) a.part = (float *)ws;
     const dim3 grid((W->N + WQ_BN - 1) / WQ_BN, (M + BM - 1) / BM, sp);
-    int rc = launch(W->fmt, nt, grid, a, st);
+    int rc = launch(W->fmt, BM, grid, a, st, wg);
     if (rc || sp == 1) return rc;
     const size_t MN = (size_t)M * W->N;
     g_wq_reduce_kernel<<<(unsigned)((MN + 255) / 256), 256, 0, st>>>(a.part, sp, MN, y, out_f32);
@@ -433,11 +602,12 @@ extern "C" int v41g_wq_gemm_grouped(const v41g_wq *W, int G, const int32_t *off,
     if (!wq_valid(W) || G <= 0 || !off || M_total < 0 || ((uintptr_t)x % 16)) return (int)cudaErrorInvalidValue;
     if (M_total == 0) return 0;
     // rows per m tile from the mean rows per group (the counts themselves stay on the device)
-    const int nt = nt_for((M_total + G - 1) / G);
+    const bool wg = use_wgmma();
+    const int BM = bm_for((M_total + G - 1) / G, wg);
     wq_args a = args_of(W, x, M_total, y, out_f32);
     a.off = off;
     a.xrow = xrow;
-    return launch(W->fmt, nt, dim3((W->N + WQ_BN - 1) / WQ_BN, G, 1), a, G_STREAM(s));
+    return launch(W->fmt, BM, dim3((W->N + WQ_BN - 1) / WQ_BN, G, 1), a, G_STREAM(s), wg);
 }
 
 extern "C" int v41g_wq_dequant(const v41g_wq *W, int g, uint16_t *out, v41g_stream s)

@@ -302,6 +302,15 @@ START_TEST(test_gemm_fp8) { gemm_case(V41G_WQ_FP8, _i); }
 END_TEST
 START_TEST(test_gemm_fp4) { gemm_case(V41G_WQ_FP4, _i); }
 END_TEST
+/* the same shapes through the mma.sync kernel (on an sm_90a build the wgmma kernel runs by default;
+ * V41_WQ_NO_WGMMA, read at every call, selects the other one) */
+START_TEST(test_gemm_mma_fallback)
+{
+    setenv("V41_WQ_NO_WGMMA", "1", 1);
+    gemm_case(_i % 2 ? V41G_WQ_FP4 : V41G_WQ_FP8, _i / 2);
+    unsetenv("V41_WQ_NO_WGMMA");
+}
+END_TEST
 
 /* fp8 row slices of a checkpoint tensor: rows r0..r0+N of a [r0 + N, K] weight, the scales of the
  * full tensor (rebase: the same slice described from scale row r0 / 32 with r0 % 32) */
@@ -646,6 +655,7 @@ static Suite *wq_suite(void)
     tcase_add_loop_test(tc, test_gemm_fp8, 0, N_GM);
     tcase_add_loop_test(tc, test_gemm_fp4, 0, N_GM);
     tcase_add_loop_test(tc, test_gemm_slice, 0, (int)(sizeof sl_cases / sizeof sl_cases[0]));
+    tcase_add_loop_test(tc, test_gemm_mma_fallback, 0, 2 * N_GM);
     suite_add_tcase(s, tc);
     tc = tcase_create("grouped");
     tcase_set_timeout(tc, 120);
