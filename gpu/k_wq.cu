@@ -506,13 +506,11 @@ int split_for(const v41g_wq *W, int M, size_t ws_bytes, int *kps)
     return (KT + *kps - 1) / *kps;
 }
 
+// (every launch: the kernels share one function type, so a static "done" flag per type would
+// serve only the first of them; the call costs about a microsecond of host time)
 template <typename F> int set_smem(F *kern, int bytes)
 {
-    static bool done = false;   // one attribute call per instantiation (idempotent anyway)
-    if (!done) {
-        G_CHECK(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes));
-        done = true;
-    }
+    G_CHECK(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes));
     return 0;
 }
 template <int FMT, int BM>
