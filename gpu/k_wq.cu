@@ -491,21 +491,6 @@ bool use_wgmma()
     return ok == 1 && !(env && env[0] && env[0] != '0');
 }
 
-// split count of a dense call: enough CTAs for four per SM, at least 4 k tiles per split, within ws
-int split_for(const v41g_wq *W, int M, size_t ws_bytes, int *kps)
-{
-    const int BM = bm_for(M, use_wgmma()), KT = (W->K + 63) / 64;
-    const long ctas = (long)((W->N + WQ_BN - 1) / WQ_BN) * ((M + BM - 1) / BM);
-    int sp = 1;
-    const long want = 4L * num_sms();   /* measured: 2 CTAs (8 warps) per SM leave the schedulers idle */
-    if (ctas < want) sp = (int)((want + ctas - 1) / ctas);
-    sp = std::min(sp, std::max(1, KT / 4));
-    const size_t per = sizeof(float) * (size_t)M * W->N;
-    if (sp > 1 && per * sp > ws_bytes) sp = std::max(1, (int)(ws_bytes / per));
-    *kps = (KT + sp - 1) / sp;
-    return (KT + *kps - 1) / *kps;
-}
-
 // (every launch: the kernels share one function type, so a static "done" flag per type would
 // serve only the first of them; the call costs about a microsecond of host time)
 template <typename F> int set_smem(F *kern, int bytes)
@@ -513,15 +498,71 @@ template <typename F> int set_smem(F *kern, int bytes)
     G_CHECK(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes));
     return 0;
 }
+template <int FMT, int BM> int smem_of(bool wg)
+{
+    return wg ? wq_stages(BM) * wq_wg_stage(FMT, BM) + 1024   /* + alignment of the swizzle atoms */
+              : wq_stages(BM) * (WQ_BN * wq_wrow(FMT) + BM * WQ_XS);
+}
+// CTAs of the kernel that fit one SM (registers, shared memory), cached per kernel
+template <int FMT, int BM> int per_sm_t(bool wg)
+{
+    static int n[2] = {0, 0};
+    if (!n[wg]) {
+        int v = 0;
+        const int sm = smem_of<FMT, BM>(wg);
+        if (wg) {
+            if (!set_smem(g_wq_wgmma_kernel<FMT, BM>, sm))
+                cudaOccupancyMaxActiveBlocksPerMultiprocessor(&v, g_wq_wgmma_kernel<FMT, BM>, 256, sm);
+        } else if constexpr (BM <= 64) {
+            if (!set_smem(g_wq_mma_kernel<FMT, BM / 8>, sm))
+                cudaOccupancyMaxActiveBlocksPerMultiprocessor(&v, g_wq_mma_kernel<FMT, BM / 8>, 128, sm);
+        }
+        cudaGetLastError();
+        n[wg] = v > 0 ? v : 1;
+    }
+    return n[wg];
+}
+int per_sm(int fmt, int bm, bool wg)
+{
+#define WQ_O(F) (bm == 8 ? per_sm_t<F, 8>(wg) : bm == 16 ? per_sm_t<F, 16>(wg) : bm == 32 ? per_sm_t<F, 32>(wg) \
+                 : bm == 64 ? per_sm_t<F, 64>(wg) : per_sm_t<F, 128>(wg))
+    return fmt == V41G_WQ_FP8 ? WQ_O(V41G_WQ_FP8) : WQ_O(V41G_WQ_FP4);
+#undef WQ_O
+}
+
+// Split count of a dense call. The CTAs of one split run ceil(KT/sp) k tiles; with `slots` CTAs
+// resident at once the call takes about waves(sp) * ceil(KT/sp) tile steps, waves(sp) =
+// ceil(ctas * sp / slots). Take the sp with the fewest steps (the fewest splits on ties: each
+// split adds partial traffic), at least 4 k tiles per split, within ws.
+int split_for(const v41g_wq *W, int M, size_t ws_bytes, int *kps)
+{
+    const bool wg = use_wgmma();
+    const int BM = bm_for(M, wg), KT = (W->K + 63) / 64;
+    const long ctas = (long)((W->N + WQ_BN - 1) / WQ_BN) * ((M + BM - 1) / BM);
+    const long slots = (long)per_sm(W->fmt, BM, wg) * num_sms();
+    const size_t per = sizeof(float) * (size_t)M * W->N;
+    int sp = 1;
+    long best = -1;
+    for (int s = 1; s <= std::max(1, KT / 4); s++) {
+        if (s > 1 && per * s > ws_bytes) break;
+        const int k = (KT + s - 1) / s;
+        if ((KT + k - 1) / k != s) continue;   /* the same tiles per split as a smaller s */
+        const long cost = ((ctas * s + slots - 1) / slots) * k;
+        if (best < 0 || cost < best) { best = cost; sp = s; }
+    }
+    *kps = (KT + sp - 1) / sp;
+    return (KT + *kps - 1) / *kps;
+}
+
 template <int FMT, int BM>
 int launch_t(dim3 grid, const wq_args &a, cudaStream_t st, bool wg)
 {
     if (wg) {
-        const int sm = wq_stages(BM) * wq_wg_stage(FMT, BM) + 1024;   /* + alignment of the swizzle atoms */
+        const int sm = smem_of<FMT, BM>(true);
         if (int rc = set_smem(g_wq_wgmma_kernel<FMT, BM>, sm)) return rc;
         g_wq_wgmma_kernel<FMT, BM><<<grid, 256, sm, st>>>(a);
     } else if constexpr (BM <= 64) {
-        const int sm = wq_stages(BM) * (WQ_BN * wq_wrow(FMT) + BM * WQ_XS);
+        const int sm = smem_of<FMT, BM>(false);
         if (int rc = set_smem(g_wq_mma_kernel<FMT, BM / 8>, sm)) return rc;
         g_wq_mma_kernel<FMT, BM / 8><<<grid, 128, sm, st>>>(a);
     } else
