@@ -1,19 +1,23 @@
-// engine.cu: v41_gpu_engine_create (the v41_engine interface on CUDA), first stage.
+// engine.cu: v41_gpu_engine_create (the v41_engine interface on CUDA): the hybrid path,
+// and the owner of the device weights that the device-resident decode step
+// (engine_dev.cu) shares.
 //
-// What runs where (README.md, section 'GPU kernels', "GPU engine"):
+// What runs where in the hybrid path (README.md, section 'GPU kernels', "GPU engine"):
 //  - every Linear of the forward pass (q/kv/o projections, grouped wo_a, compressor
 //    and indexer projections, hc mixes, gate, routed + shared experts, Engram wkv,
-//    final head, DSpark main_proj / Markov head / confidence) runs on the device:
-//    weights uploaded once per engine (first use), dequantized to bf16 (exact for
-//    fp8/fp4/bf16 checkpoints); emulate-mode fp8/fp4 Linears run v41g_act_quant on
-//    the device then a cuBLAS bf16 GEMM with fp32 accumulation (v41g_gemm_bf16);
-//    bf16 Linears the same GEMM without act_quant; fp32 Linears (and fp32 precision
-//    mode) a cuBLAS fp32 SGEMM (no TF32); outputs rounded to bf16 where ref rounds.
+//    final head, DSpark main_proj / Markov head / confidence) runs on the device,
+//    weights uploaded once per engine (first use). Emulate-mode fp8/fp4 Linears keep
+//    their storage format (codes tiled for v41g_wq, e8m0 scales) when it fits the
+//    kernels and run v41g_act_quant then v41g_wq_gemm (from 256 rows on: the weight
+//    dequantized to a bf16 scratch and a cuBLAS GEMM); other weights are dequantized
+//    to bf16 (exact for fp8/fp4/bf16 checkpoints) for a cuBLAS bf16 GEMM with fp32
+//    accumulation; fp32 Linears (and fp32 precision mode) a cuBLAS fp32 SGEMM (no
+//    TF32); outputs rounded to bf16 where ref rounds.
 //  - the orchestration (caches, window/compressed lists, compressor state,
 //    indexer scores and top-k, candidate blocks, sparse attention, mHC Sinkhorn,
 //    routing, Engram, DSpark control, replay/trimming, taps, teacher forcing) is
 //    the reference code compiled a second time (gpu/engine_hyb.c) and runs on the
-//    host between the GEMMs. NOT yet the device-resident engine of issue 5.
+//    host between the device calls.
 //
 // The Linear hook finds its engine through a thread-local pointer that the
 // engine's own vtable entries set for the duration of a call (and restore), so

@@ -8,9 +8,11 @@
 // fused, then w2) over its contiguous rows (spread over side streams so the
 // small GEMMs run concurrently), and a combine kernel sums the
 // expert outputs per token in expert-id order in fp32 (then the shared
-// expert) and rounds once. Expert weights are bf16 on the device (fp4/fp8
-// checkpoints are dequantized on upload); inputs of every expert Linear are
-// act_quant'ed first, as the fp4/fp8 Linears do.
+// expert) and rounds once. Expert weights are either bf16 (w13/w2: fp4/fp8
+// checkpoints dequantized on upload) or in their storage format (q13/q2:
+// two grouped k_wq.cu GEMMs over the sorted rows, reading the token rows
+// through a row-index list, with no host round trip); inputs of every expert
+// Linear are act_quant'ed first, as the fp4/fp8 Linears do.
 #include "g_internal.cuh"
 #include <algorithm>
 #include <vector>

@@ -160,7 +160,8 @@ int v41g_wq_dequant(const v41g_wq *W, int g, uint16_t *out, v41g_stream s);
 int v41g_moe_route(const float *logits, const float *bias, int T, int E, int k, int score_func,
                    float temp, int norm, float route_scale, int32_t *idx, float *wts, v41g_stream s);
 
-/* Grouped expert FFN over bf16 weights (fp4 experts dequantized on upload):
+/* Grouped expert FFN over bf16 weights (w13/w2: fp4 experts dequantized on upload)
+ * or over weights in their storage format (q13/q2, below):
  * w13[E, 2*I, D] (w1 rows then w3 rows), w2[E, D, I]. x[T,D] bf16 is the FFN
  * input; out[T,D] bf16 = bf16(sum_j expert_{idx[t,j]}(x_t) in expert-id order)
  * where each expert output is bf16 and h = bf16(silu(min(g,L))*clamp(u,+-L)*w)

@@ -10,7 +10,11 @@
  *   - v41g_wq_dequant: bit for bit;
  *   - v41g_moe_ffn with q13/q2 (fp4 experts) and q13s/q2s (fp8 shared expert) against the same
  *     FFN over the dequantized bf16 copies (w13/w2/w13s/w2s);
- *   - bad arguments: an error, nothing written.
+ *   - bad arguments: an error, nothing written;
+ *   - the GEMM shapes again with V41_WQ_NO_WGMMA=1 (the mma.sync kernel; on an sm_90a build the
+ *     wgmma kernel runs by default).
+ * The codes go to the device in the checkpoint layout and are tiled there by v41g_wq_tile (each
+ * group into NaN-poisoned memory, so a tile byte it failed to write or pad breaks a result).
  * Inputs: bf16-exact x (uniform, act_quant'ed as the fp8/fp4 Linears' inputs are, and
  * log-uniform magnitudes 2^-12..2^5); random codes (fp8: every byte but the NaNs 0x7F/0xFF, so
  * zeros of both signs and subnormals (exponent field 0) too; fp4: all 16 nibbles, 0x1 = 0.5 and
