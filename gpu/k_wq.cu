@@ -176,13 +176,45 @@ __device__ __forceinline__ void wq_store(const wq_args &a, int m0, int r, int n,
     else ((uint16_t *)a.y)[o] = g_f2bf(v);
 }
 
+// The activation chunks one thread copies per k tile: 16-byte column chunk ch = tid % 8 of rows
+// tid / 8 + RS*j (RS = threads / 8) of the BM-row m tile; the row pointers (gathered through xrow)
+// are resolved once per m tile. load() issues the k tile's cp.async copies, dst(r) giving the
+// shared address of row r's chunk ch (rows past the m tile, or k past K, zero-filled).
+template <int BM, int THREADS> struct wq_xsrc {
+    static constexpr int RS = THREADS / 8, NXR = BM * 8 >= THREADS ? BM * 8 / THREADS : 1;
+    const uint16_t *p[NXR];
+    bool ok[NXR];
+    int ch, xr0;
+    __device__ wq_xsrc(const wq_args &a, int tid, int m0, int mrows) : ch(tid & 7), xr0(tid >> 3) {
+#pragma unroll
+        for (int j = 0; j < NXR; j++) {
+            const int r = xr0 + RS * j;
+            ok[j] = r < BM && r < mrows;
+            p[j] = ok[j] ? a.x + (size_t)(a.xrow ? a.xrow[m0 + r] : m0 + r) * a.K + ch * 8 : a.x;
+        }
+    }
+    template <typename D> __device__ void load(const wq_args &a, int kt, D dst) const {
+        const bool kin = kt * 64 + ch * 8 < a.K;
+#pragma unroll
+        for (int j = 0; j < NXR; j++) {
+            const int r = xr0 + RS * j;
+            if (r < BM) g_cp_async16(dst(r), ok[j] && kin ? p[j] + kt * 64 : a.x, ok[j] && kin ? 16 : 0);
+        }
+    }
+};
+// the weight tile (WT contiguous bytes) into shared memory at sw, 16 bytes a copy
+template <int WT, int THREADS> __device__ __forceinline__ void wq_wload(uint32_t sw, const uint8_t *tile, int tid)
+{
+#pragma unroll
+    for (int j = 0; j < WT / 16 / THREADS; j++) g_cp_async16(sw + (tid + j * THREADS) * 16, tile + (tid + j * THREADS) * 16, 16);
+}
+
 // ---- mma.sync kernel (any sm_80+ device): 4 warps, warp w: weight rows 32w.. (two m16 tiles)
 template <int FMT, int NT>
 __global__ void __launch_bounds__(128) g_wq_mma_kernel(wq_args a)
 {
     constexpr int THREADS = 128, WROW = wq_wrow(FMT), BM = 8 * NT, WT = WQ_BN * WROW;
     constexpr int STAGE = WT + BM * WQ_XS, STAGES = wq_stages(BM);
-    constexpr int NXR = BM * 8 >= THREADS ? BM * 8 / THREADS : 1;
     extern __shared__ __align__(16) unsigned char wq_sm[];
     const uint32_t sbase = (uint32_t)__cvta_generic_to_shared(wq_sm);
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, c = lane & 3;
@@ -194,29 +226,11 @@ __global__ void __launch_bounds__(128) g_wq_mma_kernel(wq_args a)
     for (int i = 0; i < 4; i++) srow[i] = wq_srow<FMT>(a, C.S, C.n0 + warp * 32 + 8 * i + g);
     for (int m0 = C.mbeg; m0 < C.mend; m0 += BM) {
         const int mrows = min(BM, C.mend - m0);
-        const int ch = tid & 7, xr0 = tid >> 3;
-        const uint16_t *xp[NXR];
-        bool xok[NXR];
-#pragma unroll
-        for (int j = 0; j < NXR; j++) {
-            const int r = xr0 + 16 * j;
-            xok[j] = r < BM && r < mrows;
-            xp[j] = xok[j] ? a.x + (size_t)(a.xrow ? a.xrow[m0 + r] : m0 + r) * a.K + ch * 8 : a.x;
-        }
+        const wq_xsrc<BM, THREADS> X(a, tid, m0, mrows);
         auto load = [&](int kt, int st) {
             const uint32_t sw = sbase + st * STAGE, sx = sw + WT;
-            const uint8_t *tile = Wb + (size_t)kt * WT;
-#pragma unroll
-            for (int j = 0; j < WT / 16 / THREADS; j++) g_cp_async16(sw + (tid + j * THREADS) * 16, tile + (tid + j * THREADS) * 16, 16);
-            const bool kin = kt * 64 + ch * 8 < a.K;
-#pragma unroll
-            for (int j = 0; j < NXR; j++) {
-                const int r = xr0 + 16 * j;
-                if (r < BM) {
-                    const bool ok = xok[j] && kin;
-                    g_cp_async16(sx + r * WQ_XS + ch * 16, ok ? xp[j] + kt * 64 : a.x, ok ? 16 : 0);
-                }
-            }
+            wq_wload<WT, THREADS>(sw, Wb + (size_t)kt * WT, tid);
+            X.load(a, kt, [&](int r) { return sx + r * WQ_XS + X.ch * 16; });
         };
         float acc[2][NT][4];
 #pragma unroll
@@ -297,7 +311,6 @@ __global__ void __launch_bounds__(256, 1) g_wq_wgmma_kernel(wq_args a)
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
     constexpr int THREADS = 256, WROW = wq_wrow(FMT), WT = WQ_BN * WROW, STAGE = wq_wg_stage(FMT, BN),
                   STAGES = wq_stages(BN);
-    constexpr int NXR = BN * 8 >= THREADS ? BN * 8 / THREADS : 1;
     static_assert(WT % 1024 == 0 && STAGE % 1024 == 0, "stages keep the 1024-byte swizzle alignment");
     extern __shared__ __align__(1024) unsigned char wq_smw[];
     const uint32_t sraw = (uint32_t)__cvta_generic_to_shared(wq_smw);
@@ -311,29 +324,11 @@ __global__ void __launch_bounds__(256, 1) g_wq_wgmma_kernel(wq_args a)
     const uint8_t *sA = wq_srow<FMT>(a, C.S, C.n0 + rA), *sB = wq_srow<FMT>(a, C.S, C.n0 + rB);
     for (int m0 = C.mbeg; m0 < C.mend; m0 += BN) {
         const int mrows = min(BN, C.mend - m0);
-        const int ch = tid & 7, xr0 = tid >> 3;
-        const uint16_t *xp[NXR];
-        bool xok[NXR];
-#pragma unroll
-        for (int j = 0; j < NXR; j++) {
-            const int r = xr0 + 32 * j;
-            xok[j] = r < BN && r < mrows;
-            xp[j] = xok[j] ? a.x + (size_t)(a.xrow ? a.xrow[m0 + r] : m0 + r) * a.K + ch * 8 : a.x;
-        }
+        const wq_xsrc<BN, THREADS> X(a, tid, m0, mrows);
         auto load = [&](int kt, int st) {
             const uint32_t sw = sbase + st * STAGE, sx = sw + WT;
-            const uint8_t *tile = Wb + (size_t)kt * WT;
-#pragma unroll
-            for (int j = 0; j < WT / 16 / THREADS; j++) g_cp_async16(sw + (tid + j * THREADS) * 16, tile + (tid + j * THREADS) * 16, 16);
-            const bool kin = kt * 64 + ch * 8 < a.K;
-#pragma unroll
-            for (int j = 0; j < NXR; j++) {
-                const int r = xr0 + 32 * j;
-                if (r < BN) {
-                    const bool ok = xok[j] && kin;
-                    g_cp_async16(sx + r * 128 + ((ch ^ (r & 7)) << 4), ok ? xp[j] + kt * 64 : a.x, ok ? 16 : 0);
-                }
-            }
+            wq_wload<WT, THREADS>(sw, Wb + (size_t)kt * WT, tid);
+            X.load(a, kt, [&](int r) { return sx + r * 128 + ((X.ch ^ (r & 7)) << 4); });   /* 128B swizzle */
         };
         float acc[BN / 2];
 #pragma unroll
