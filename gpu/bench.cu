@@ -287,6 +287,47 @@ void indexer(bench &B, bool quick)
         }
 }
 
+// One MoE layer on T random tokens: the bf16 gate GEMM, routing, v41g_moe_ffn(m) (m.T = T). Median
+// time; *ne = the experts that got tokens (their weights are the bytes read).
+double time_moe(bench &B, v41g_moe m, const uint16_t *gateW, int T, bool graph, int *ne)
+{
+    uint16_t *x = (uint16_t *)B.alloc((size_t)T * D * 2), *out = (uint16_t *)B.alloc((size_t)T * D * 2);
+    float *logits = (float *)B.alloc((size_t)T * E * 4), *wts = (float *)B.alloc((size_t)T * KA * 4);
+    int32_t *idx = (int32_t *)B.alloc((size_t)T * KA * 4);
+    v41g_fill_bf16(x, (size_t)T * D, 35, 1.0f, B.st);
+    m.T = T;
+    void *ws = B.alloc(v41g_moe_ws_size(&m));
+    auto run = [&] {
+        int rc = v41g_gemm_bf16(x, gateW, logits, T, E, D, 1, 1, 0, 0, 0, B.st);
+        if (!rc) rc = v41g_moe_route(logits, NULL, T, E, KA, 0, 1.0f, 1, 1.5f, idx, wts, B.st);
+        if (!rc) rc = v41g_moe_ffn(&m, x, idx, wts, ws, out, B.st);
+        return rc;
+    };
+    double t = B.time(run, 7, graph);
+    *ne = distinct_experts(idx, (size_t)T * KA);
+    return t;
+}
+// Dense cuBLAS at the MoE's FLOPs: [T*(k+1), D] x [2I, D]^T then [T*(k+1), I] x [D, I]^T, over
+// w13/w2 (one expert's bf16 weights; NULL: random ones allocated here).
+double time_moe_dense(bench &B, int T, const uint16_t *w13, const uint16_t *w2)
+{
+    const int M = T * (KA + 1);
+    if (!w13 || !w2) {
+        uint16_t *a = (uint16_t *)B.alloc((size_t)2 * IM * D * 2), *b = (uint16_t *)B.alloc((size_t)D * IM * 2);
+        v41g_fill_bf16(a, (size_t)2 * IM * D, 30, 0.02f, B.st);
+        v41g_fill_bf16(b, (size_t)D * IM, 31, 0.02f, B.st);
+        w13 = a;
+        w2 = b;
+    }
+    uint16_t *xa = (uint16_t *)B.alloc((size_t)M * D * 2), *ha = (uint16_t *)B.alloc((size_t)M * 2 * IM * 2),
+             *ya = (uint16_t *)B.alloc((size_t)M * D * 2);
+    v41g_fill_bf16(xa, (size_t)M * D, 36, 1.0f, B.st);
+    return B.time([&] {
+        int rc = v41g_gemm_bf16(xa, w13, ha, M, 2 * IM, D, 0, 1, 0, 0, 0, B.st);
+        return rc ? rc : v41g_gemm_bf16(ha, w2, ya, M, D, IM, 0, 1, 0, 0, 0, B.st);
+    }, 7);
+}
+
 void moe(bench &B, bool quick)
 {
     size_t w13n = (size_t)E * 2 * IM * D, w2n = (size_t)E * D * IM;
@@ -302,34 +343,17 @@ void moe(bench &B, bool quick)
     int Ts[] = {512, 4096};
     for (int T : Ts) {
         if (quick && T != 512) continue;
-        uint16_t *x = (uint16_t *)B.alloc((size_t)T * D * 2), *out = (uint16_t *)B.alloc((size_t)T * D * 2);
-        float *logits = (float *)B.alloc((size_t)T * E * 4), *wts = (float *)B.alloc((size_t)T * KA * 4);
-        int32_t *idx = (int32_t *)B.alloc((size_t)T * KA * 4);
-        v41g_fill_bf16(x, (size_t)T * D, 35, 1.0f, B.st);
-        v41g_moe m = {T, D, IM, E, KA, 10.0f, w13, w2, w13s, w2s, NULL, NULL, NULL, NULL};
-        void *ws = B.alloc(v41g_moe_ws_size(&m));
-        auto run = [&] {
-            int rc = v41g_gemm_bf16(x, gateW, logits, T, E, D, 1, 1, 0, 0, 0, B.st);
-            if (!rc) rc = v41g_moe_route(logits, NULL, T, E, KA, 0, 1.0f, 1, 1.5f, idx, wts, B.st);
-            if (!rc) rc = v41g_moe_ffn(&m, x, idx, wts, ws, out, B.st);
-            return rc;
-        };
-        double t = B.time(run, 7, false);
+        int ne;
+        const v41g_moe m = {T, D, IM, E, KA, 10.0f, w13, w2, w13s, w2s, NULL, NULL, NULL, NULL};
+        double t = time_moe(B, m, gateW, T, false, &ne);
         // weights read: the experts that got tokens + shared + gate
-        int ne = distinct_experts(idx, (size_t)T * KA);
         double fl = 2.0 * T * (KA + 1) * 3.0 * D * IM + 2.0 * T * E * D;
         double by = ne * 3.0 * IM * D * 2 + 3.0 * IM * D * 2 + E * D * 2.0 + 2.0 * T * D * 2;
         B.rec("moe", fmt("moe_T%d", T), fmt("{\"T\":%d,\"experts\":%d,\"active\":%d,\"shared\":1,\"dim\":%d,\"inter\":%d,"
               "\"weights\":\"bf16\"}", T, E, KA, D, IM), fl, by, t);
-        // dense cuBLAS at equal FLOPs: [T*(k+1), D] x [2I, D]^T then [T*(k+1), I] x [D, I]^T
-        int M = T * (KA + 1);
-        uint16_t *xa = (uint16_t *)B.alloc((size_t)M * D * 2), *ha = (uint16_t *)B.alloc((size_t)M * 2 * IM * 2),
-                 *ya = (uint16_t *)B.alloc((size_t)M * D * 2);
-        v41g_fill_bf16(xa, (size_t)M * D, 36, 1.0f, B.st);
-        double td = B.time([&] {
-            int rc = v41g_gemm_bf16(xa, w13, ha, M, 2 * IM, D, 0, 1, 0, 0, 0, B.st);
-            return rc ? rc : v41g_gemm_bf16(ha, w2, ya, M, D, IM, 0, 1, 0, 0, 0, B.st);
-        }, 7);
+        // dense cuBLAS at equal FLOPs
+        const int M = T * (KA + 1);
+        double td = time_moe_dense(B, T, w13, w2);
         B.rec("gemm", fmt("moe_dense_equiv_T%d", T), fmt("{\"M\":%d,\"N1\":%d,\"N2\":%d,\"K1\":%d,\"K2\":%d}", M,
               2 * IM, D, D, IM), 2.0 * M * 3.0 * D * IM, 2.0 * (3.0 * IM * D + 2.0 * M * D + 3.0 * M * IM), td);
     }
@@ -460,39 +484,16 @@ void wq(bench &B, bool quick)
     int Ts[] = {512, 4096};
     for (int T : Ts) {
         if (quick && T != 512) continue;
-        uint16_t *x = (uint16_t *)B.alloc((size_t)T * D * 2), *out = (uint16_t *)B.alloc((size_t)T * D * 2);
-        float *logits = (float *)B.alloc((size_t)T * E * 4), *wts = (float *)B.alloc((size_t)T * KA * 4);
-        int32_t *idx = (int32_t *)B.alloc((size_t)T * KA * 4);
-        v41g_fill_bf16(x, (size_t)T * D, 35, 1.0f, B.st);
-        v41g_moe m = {T, D, IM, E, KA, 10.0f, NULL, NULL, NULL, NULL, &W13, &W2, &W13s, &W2s};
-        void *ws = B.alloc(v41g_moe_ws_size(&m));
-        auto run = [&] {
-            int rc = v41g_gemm_bf16(x, gateW, logits, T, E, D, 1, 1, 0, 0, 0, B.st);
-            if (!rc) rc = v41g_moe_route(logits, NULL, T, E, KA, 0, 1.0f, 1, 1.5f, idx, wts, B.st);
-            if (!rc) rc = v41g_moe_ffn(&m, x, idx, wts, ws, out, B.st);
-            return rc;
-        };
+        int ne;
+        const v41g_moe m = {T, D, IM, E, KA, 10.0f, NULL, NULL, NULL, NULL, &W13, &W2, &W13s, &W2s};
         // graph-replayed: the storage-format path never waits for the host (the bf16 moe op does,
         // for its per-expert row counts, so it is timed without a graph)
-        double t = B.time(run, 7, true);
-        int ne = distinct_experts(idx, (size_t)T * KA);
+        double t = time_moe(B, m, gateW, T, true, &ne);
         double fl = 2.0 * T * (KA + 1) * 3.0 * D * IM + 2.0 * T * E * D;
         double by = ne * (double)(c13 + s13 + c2 + s2) + (double)(cs13 + ss13 + cs2 + ss2) + E * D * 2.0 + 2.0 * T * D * 2;
         // dense cuBLAS at equal FLOPs: the moe section's moe_dense_equiv, else timed here the same way
         double td = find_op(B, "gemm", fmt("moe_dense_equiv_T%d", T), "");
-        if (td < 0) {
-            int M = T * (KA + 1);
-            uint16_t *w13 = (uint16_t *)B.alloc((size_t)2 * IM * D * 2), *w2 = (uint16_t *)B.alloc((size_t)D * IM * 2);
-            uint16_t *xa = (uint16_t *)B.alloc((size_t)M * D * 2), *ha = (uint16_t *)B.alloc((size_t)M * 2 * IM * 2),
-                     *ya = (uint16_t *)B.alloc((size_t)M * D * 2);
-            v41g_fill_bf16(w13, (size_t)2 * IM * D, 30, 0.02f, B.st);
-            v41g_fill_bf16(w2, (size_t)D * IM, 31, 0.02f, B.st);
-            v41g_fill_bf16(xa, (size_t)M * D, 36, 1.0f, B.st);
-            td = B.time([&] {
-                int rc = v41g_gemm_bf16(xa, w13, ha, M, 2 * IM, D, 0, 1, 0, 0, 0, B.st);
-                return rc ? rc : v41g_gemm_bf16(ha, w2, ya, M, D, IM, 0, 1, 0, 0, 0, B.st);
-            }, 7);
-        }
+        if (td < 0) td = time_moe_dense(B, T, NULL, NULL);
         double tb = find_op(B, "moe", fmt("moe_T%d", T), "");
         std::string p = fmt("{\"T\":%d,\"experts\":%d,\"active\":%d,\"shared\":1,\"dim\":%d,\"inter\":%d,"
                             "\"weights\":\"fp4\",\"shared_weights\":\"fp8\",\"vs_dense\":%.4g", T, E, KA, D, IM, t / td);
