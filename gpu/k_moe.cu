@@ -228,24 +228,24 @@ __global__ void g_moe_combine_kernel(const uint16_t *__restrict__ ye, const uint
     *(uint4 *)(out + (size_t)t * D + v * 8) = o;
 }
 
-// The per-expert GEMMs are small (M = a few to a few hundred rows): one at a time they leave
-// most SMs idle, so they are spread round-robin over the G_SIDE_STREAMS side streams of g_side
-// (each with its own cuBLAS handle).
-static int moe_shared_wq(const v41g_moe *m, const moe_ws &w, cudaStream_t st)
+// Shared expert: w1|w3, SwiGLU (no routing weight), act_quant, w2 into w.ys; weights in their
+// storage format (q13s/q2s) or bf16 (w13s/w2s).
+static int moe_shared(const v41g_moe *m, const moe_ws &w, cudaStream_t st)
 {
-    int rc;
-    if ((rc = v41g_wq_gemm(m->q13s, w.xq, m->T, w.hs13, 0, w.wsq, w.wsq_bytes, st))) return rc;
-    g_swiglu_kernel<<<(unsigned)(((size_t)m->T * m->I + 255) / 256), 256, 0, st>>>(w.hs13, NULL, NULL, m->T, m->I,
-                                                                                 m->limit, w.hs);
+    const int T = m->T, D = m->D, I = m->I;
+    int rc = m->q13s ? v41g_wq_gemm(m->q13s, w.xq, T, w.hs13, 0, w.wsq, w.wsq_bytes, st)
+                     : v41g_gemm_bf16(w.xq, m->w13s, w.hs13, T, 2 * I, D, 0, 1, 0, 0, 0, st);
+    if (rc) return rc;
+    g_swiglu_kernel<<<(unsigned)(((size_t)T * I + 255) / 256), 256, 0, st>>>(w.hs13, NULL, NULL, T, I, m->limit, w.hs);
     G_LAUNCHED();
-    if ((rc = v41g_act_quant(w.hs, NULL, NULL, w.hs, m->T, m->I, st))) return rc;
-    return v41g_wq_gemm(m->q2s, w.hs, m->T, w.ys, 0, w.wsq, w.wsq_bytes, st);
+    if ((rc = v41g_act_quant(w.hs, NULL, NULL, w.hs, T, I, st))) return rc;
+    return m->q13s ? v41g_wq_gemm(m->q2s, w.hs, T, w.ys, 0, w.wsq, w.wsq_bytes, st)
+                   : v41g_gemm_bf16(w.hs, m->w2s, w.ys, T, D, I, 0, 1, 0, 0, 0, st);
 }
 
 // Routed experts with storage-format weights: two grouped GEMMs over the sorted assignments
-// (groups = experts, offsets on the device), nothing waits for the host.
-static int moe_ffn_wq(const v41g_moe *m, const moe_ws &w, const float *wts, const int32_t *idx, uint16_t *out,
-                      cudaStream_t st)
+// (groups = experts, offsets on the device), nothing waits for the host. Out: w.ye.
+static int moe_routed_wq(const v41g_moe *m, const moe_ws &w, const float *wts, cudaStream_t st)
 {
     const int A = m->T * m->k, I = m->I;
     int rc;
@@ -255,40 +255,19 @@ static int moe_ffn_wq(const v41g_moe *m, const moe_ws &w, const float *wts, cons
     g_swiglu_kernel<<<(unsigned)(((size_t)A * I + 255) / 256), 256, 0, st>>>(w.h13, wts, w.perm, A, I, m->limit, w.h);
     G_LAUNCHED();
     if ((rc = v41g_act_quant(w.h, NULL, NULL, w.h, A, I, st))) return rc;
-    if ((rc = v41g_wq_gemm_grouped(m->q2, m->E, w.offsets, NULL, w.h, A, w.ye, 0, st))) return rc;
-    if (m->q13s && (rc = moe_shared_wq(m, w, st))) return rc;
-    g_moe_combine_kernel<<<(unsigned)(((size_t)m->T * (m->D / 8) + 255) / 256), 256, 0, st>>>(
-        w.ye, m->q13s ? w.ys : NULL, idx, w.pos_of, m->T, m->k, m->D, out);
-    G_LAUNCHED();
-    return 0;
+    return v41g_wq_gemm_grouped(m->q2, m->E, w.offsets, NULL, w.h, A, w.ye, 0, st);
 }
 
-extern "C" int v41g_moe_ffn(const v41g_moe *m, const uint16_t *x, const int32_t *idx, const float *wts, void *ws,
-                            uint16_t *out, v41g_stream s)
+// Routed experts with bf16 weights: the rows gathered, then one cuBLAS GEMM per expert with
+// tokens. The per-expert GEMMs are small (M = a few to a few hundred rows): one at a time they
+// leave most SMs idle, so they are spread round-robin over the G_SIDE_STREAMS side streams of
+// g_side (each with its own cuBLAS handle). The host reads the per-expert row counts. Out: w.ye.
+static int moe_routed_bf16(const v41g_moe *m, const moe_ws &w, const float *wts, cudaStream_t st)
 {
-    if (m->T <= 0) return 0;
-    if (m->D % 32 || m->I % 32 || m->k > MOE_KMAX) return (int)cudaErrorInvalidValue;
-    if (m->q13 && (!m->q2 || m->q13->N != 2 * m->I || m->q13->K != m->D || m->q2->N != m->D || m->q2->K != m->I))
-        return (int)cudaErrorInvalidValue;
-    if (m->q13 && m->w13s && !m->q13s) return (int)cudaErrorInvalidValue;   /* storage-format routed, bf16 shared */
-    if (m->q13s && (!m->q2s || m->q13s->N != 2 * m->I || m->q13s->K != m->D || m->q2s->N != m->D ||
-                    m->q2s->K != m->I))
-        return (int)cudaErrorInvalidValue;
-    cudaStream_t st = G_STREAM(s);
-    moe_ws w = moe_layout(m, ws);
     const int A = m->T * m->k, D = m->D, I = m->I;
     int rc;
-    if ((rc = v41g_act_quant(x, NULL, NULL, w.xq, m->T, D, s))) return rc;
-    g_moe_sort_kernel<<<m->E, MS_THREADS, 0, st>>>(idx, A, 0, w.counts, NULL, NULL, NULL);
-    G_LAUNCHED();
-    g_moe_scan_kernel<<<1, 32, 0, st>>>(w.counts, m->E, w.offsets);
-    G_LAUNCHED();
-    g_moe_sort_kernel<<<m->E, MS_THREADS, 0, st>>>(idx, A, 1, w.counts, w.offsets, w.perm, w.pos_of);
-    G_LAUNCHED();
-    if (m->q13) return moe_ffn_wq(m, w, wts, idx, out, st);
     g_moe_gather_kernel<<<(unsigned)(((size_t)A * (D / 8) + 255) / 256), 256, 0, st>>>(w.xq, w.perm, A, m->k, D, w.xs);
     G_LAUNCHED();
-    // the host needs the per-expert row counts to issue one GEMM per expert
     std::vector<int32_t> off(m->E + 1);
     G_CHECK(cudaMemcpyAsync(off.data(), w.offsets, sizeof(int32_t) * (m->E + 1), cudaMemcpyDeviceToHost, st));
     G_CHECK(cudaStreamSynchronize(st));
@@ -306,7 +285,7 @@ extern "C" int v41g_moe_ffn(const v41g_moe *m, const uint16_t *x, const int32_t 
     G_CHECK(sd.join(st));
     g_swiglu_kernel<<<(unsigned)(((size_t)A * I + 255) / 256), 256, 0, st>>>(w.h13, wts, w.perm, A, I, m->limit, w.h);
     G_LAUNCHED();
-    if ((rc = v41g_act_quant(w.h, NULL, NULL, w.h, A, I, s))) return rc;
+    if ((rc = v41g_act_quant(w.h, NULL, NULL, w.h, A, I, st))) return rc;
     G_CHECK(sd.fork(st));
     for (int e = 0, j = 0; e < m->E; e++) {
         int n = off[e + 1] - off[e];
@@ -316,16 +295,34 @@ extern "C" int v41g_moe_ffn(const v41g_moe *m, const uint16_t *x, const int32_t 
         j = (j + 1) % G_SIDE_STREAMS;
     }
     G_CHECK(sd.join(st));
-    if (m->q13s) {
-        if ((rc = moe_shared_wq(m, w, st))) return rc;
-    } else if (m->w13s) {
-        if ((rc = v41g_gemm_bf16(w.xq, m->w13s, w.hs13, m->T, 2 * I, D, 0, 1, 0, 0, 0, s))) return rc;
-        g_swiglu_kernel<<<(unsigned)(((size_t)m->T * I + 255) / 256), 256, 0, st>>>(w.hs13, NULL, NULL, m->T, I,
-                                                                                   m->limit, w.hs);
-        G_LAUNCHED();
-        if ((rc = v41g_act_quant(w.hs, NULL, NULL, w.hs, m->T, I, s))) return rc;
-        if ((rc = v41g_gemm_bf16(w.hs, m->w2s, w.ys, m->T, D, I, 0, 1, 0, 0, 0, s))) return rc;
-    }
+    return 0;
+}
+
+extern "C" int v41g_moe_ffn(const v41g_moe *m, const uint16_t *x, const int32_t *idx, const float *wts, void *ws,
+                            uint16_t *out, v41g_stream s)
+{
+    if (m->T <= 0) return 0;
+    if (m->D % 32 || m->I % 32 || m->k > MOE_KMAX) return (int)cudaErrorInvalidValue;
+    if (m->q13 && (!m->q2 || m->q13->N != 2 * m->I || m->q13->K != m->D || m->q2->N != m->D || m->q2->K != m->I))
+        return (int)cudaErrorInvalidValue;
+    if (m->q13 && m->w13s && !m->q13s) return (int)cudaErrorInvalidValue;   /* storage-format routed, bf16 shared */
+    if (m->q13s && (!m->q2s || m->q13s->N != 2 * m->I || m->q13s->K != m->D || m->q2s->N != m->D ||
+                    m->q2s->K != m->I))
+        return (int)cudaErrorInvalidValue;
+    cudaStream_t st = G_STREAM(s);
+    moe_ws w = moe_layout(m, ws);
+    const int A = m->T * m->k, D = m->D;
+    int rc;
+    if ((rc = v41g_act_quant(x, NULL, NULL, w.xq, m->T, D, s))) return rc;
+    g_moe_sort_kernel<<<m->E, MS_THREADS, 0, st>>>(idx, A, 0, w.counts, NULL, NULL, NULL);
+    G_LAUNCHED();
+    g_moe_scan_kernel<<<1, 32, 0, st>>>(w.counts, m->E, w.offsets);
+    G_LAUNCHED();
+    g_moe_sort_kernel<<<m->E, MS_THREADS, 0, st>>>(idx, A, 1, w.counts, w.offsets, w.perm, w.pos_of);
+    G_LAUNCHED();
+    if ((rc = m->q13 ? moe_routed_wq(m, w, wts, st) : moe_routed_bf16(m, w, wts, st))) return rc;
+    if ((m->q13s || m->w13s) && (rc = moe_shared(m, w, st))) return rc;
+    // w.ys is NULL without a shared expert (moe_layout)
     g_moe_combine_kernel<<<(unsigned)(((size_t)m->T * (D / 8) + 255) / 256), 256, 0, st>>>(
         w.ye, w.ys, idx, w.pos_of, m->T, m->k, D, out);
     G_LAUNCHED();
