@@ -62,6 +62,11 @@ struct dlayer {
     int64_t win_off = 0, c_off = -1, h_off = -1, c_cap = 0;   // pool row offsets (layer base), rows per slot
 };
 
+// The Linears of a layer, in the order gd_create pairs them with layer_w's.
+#define DLAYER_LINS(Y) {&(Y).hc_attn_fn, &(Y).hc_ffn_fn, &(Y).wq_a, &(Y).wq_b, &(Y).wkv, &(Y).wo_a, &(Y).wo_b, \
+                        &(Y).c_wkv, &(Y).c_wgate, &(Y).i_wk, &(Y).i_wq_b, &(Y).i_wproj, &(Y).gate, &(Y).eg_wkv, \
+                        &(Y).main_proj}
+
 // Per-step integer inputs, one block copied host -> device per step.
 struct step_layout {
     size_t pos, floor_, emb_rows, win_row0, win_wr, hrow0, c_wr, cpos, ckv_row0, kbase, vis, cmax, erows, total;
@@ -253,6 +258,22 @@ bool up_experts_q(gd_ctx *g, const expert_w *X, int n, v41g_wq *q13, v41g_wq *q2
     return true;
 }
 
+// The v41g_moe of a layer whose experts are in their storage format, for a batch of B rows.
+v41g_moe moe_q_of(const gd_ctx *g, const dlayer &l, int B)
+{
+    v41g_moe m = {};
+    m.T = B;
+    m.D = g->c->dim;
+    m.I = g->c->moe_inter_dim;
+    m.E = l.n_exp;
+    m.k = l.n_act;
+    m.limit = (float)g->c->swiglu_limit;
+    m.q13 = &l.q13;
+    m.q2 = &l.q2;
+    if (l.q13s.w) { m.q13s = &l.q13s; m.q2s = &l.q2s; }
+    return m;
+}
+
 // ---- activation arena (Bcap rows); graphs are captured on these addresses
 size_t al(size_t n) { return (n + 255) & ~(size_t)255; }
 
@@ -318,14 +339,9 @@ int carve(gd_ctx *g, int B, v41_err *err)
         for (int m = 1; m <= B; m++) wqb = std::max(wqb, v41g_wq_ws_bytes(&q, m));
     };
     for (auto &l : g->L) {
-        for (const dlin *L : {&l.hc_attn_fn, &l.hc_ffn_fn, &l.wq_a, &l.wq_b, &l.wkv, &l.wo_a, &l.wo_b, &l.c_wkv,
-                              &l.c_wgate, &l.i_wk, &l.i_wq_b, &l.i_wproj, &l.gate, &l.eg_wkv, &l.main_proj})
-            wq_need(L->q);
+        for (const dlin *L : DLAYER_LINS(l)) wq_need(L->q);
         if (l.q13.w) {
-            v41g_moe m = {};
-            m.T = B; m.D = c->dim; m.I = c->moe_inter_dim; m.E = l.n_exp; m.k = l.n_act;
-            m.q13 = &l.q13; m.q2 = &l.q2;
-            if (l.q13s.w) { m.q13s = &l.q13s; m.q2s = &l.q2s; }
+            const v41g_moe m = moe_q_of(g, l, B);
             moeb = std::max(moeb, v41g_moe_ws_size(&m));
         }
     }
@@ -576,10 +592,7 @@ int moe_dev(gd_ctx *g, int l, int B, v41_err *err)
                        c->norm_topk_prob ? 1 : 0, (float)c->route_scale, g->ridx, g->rwts, g->st),
         "routing");
     if (W.q13.w) {   // storage-format experts: grouped GEMMs over the (expert, token)-sorted rows
-        v41g_moe m = {};
-        m.T = B; m.D = D; m.I = I; m.E = NE; m.k = K; m.limit = Lim;
-        m.q13 = &W.q13; m.q2 = &W.q2;
-        if (W.q13s.w) { m.q13s = &W.q13s; m.q2s = &W.q2s; }
+        const v41g_moe m = moe_q_of(g, W, B);
         KCK(v41g_moe_ffn(&m, g->xa, g->ridx, g->rwts, g->moe_ws, g->ya, g->st), "experts (storage format)");
         return V41_OK;
     }
@@ -914,8 +927,8 @@ int gd_create(v41_engine *e, gd_ctx **out, const char **why, v41_err *err)
         const v41_lin *ls[] = {&W->hc_attn_fn, &W->hc_ffn_fn, &W->wq_a, &W->wq_b, &W->wkv, &W->wo_a, &W->wo_b,
                                &W->c_wkv, &W->c_wgate, &W->i_wk, &W->i_wq_b, &W->i_wproj, &W->gate, &W->eg_wkv,
                                &W->main_proj};
-        dlin *ys[] = {&Y.hc_attn_fn, &Y.hc_ffn_fn, &Y.wq_a, &Y.wq_b, &Y.wkv, &Y.wo_a, &Y.wo_b, &Y.c_wkv, &Y.c_wgate,
-                      &Y.i_wk, &Y.i_wq_b, &Y.i_wproj, &Y.gate, &Y.eg_wkv, &Y.main_proj};
+        dlin *ys[] = DLAYER_LINS(Y);
+        static_assert(sizeof ls / sizeof ls[0] == sizeof ys / sizeof ys[0], "one dlin per layer_w Linear");
         for (size_t i = 0; i < sizeof ls / sizeof ls[0] && !*why; i++) {
             if ((rc = get_lin(e, ls[i], ys[i], why, err))) return fail(rc);
             need(*ys[i]);
