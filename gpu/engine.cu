@@ -461,8 +461,8 @@ extern "C" int v41gh_linear_ld(const v41_lin *L, const float *x, int64_t ldx, in
         }
         int kr = W->q.w ? gh_wq_linear(&W->q, xin, (int)M, g->dy, true, g, NULL)
                         : v41g_gemm_bf16(xin, (const uint16_t *)W->d, g->dy, (int)M, (int)N, (int)K, 1, 1, 0, 0, 0, NULL);
-        if (kr) return v41_err_set(err, V41_EINTERNAL, "gpu engine: bf16 GEMM %s: %s", L->w->name ? L->w->name : "?",
-                                   v41g_error_string(kr));
+        if (kr) return v41_err_set(err, V41_EINTERNAL, "gpu engine: %s GEMM %s: %s", W->q.w ? "storage-format" : "bf16",
+                                   L->w->name ? L->w->name : "?", v41g_error_string(kr));
     } else {
         if ((rc = grow(&g->dx, &g->cx, 4 * MK, err))) return rc;
         if ((rc = cuda_err(cudaMemcpy(g->dx, g->a.data(), 4 * MK, cudaMemcpyHostToDevice), "h2d", err))) return rc;
