@@ -530,9 +530,8 @@ int per_sm(int fmt, int bm, bool wg)
 // ceil(ctas * sp / slots). When the CTAs do not fill one wave, take the sp with the fewest steps
 // (the fewest splits on ties: each split adds partial traffic), at least 4 k tiles per split,
 // within ws.
-int split_for(const v41g_wq *W, int M, size_t ws_bytes, int *kps)
+int split_for(const v41g_wq *W, int M, bool wg, size_t ws_bytes, int *kps)
 {
-    const bool wg = use_wgmma();
     const int BM = bm_for(M, wg), KT = (W->K + 63) / 64;
     const long ctas = (long)((W->N + WQ_BN - 1) / WQ_BN) * ((M + BM - 1) / BM);
     const long slots = (long)per_sm(W->fmt, BM, wg) * num_sms();
@@ -608,7 +607,7 @@ extern "C" int v41g_wq_tile(int fmt, int N, int K, const uint8_t *codes, uint8_t
 extern "C" size_t v41g_wq_ws_bytes(const v41g_wq *W, int M)
 {
     if (!wq_valid(W) || M <= 0) return 0;
-    int kps, sp = split_for(W, M, (size_t)-1, &kps);
+    int kps, sp = split_for(W, M, use_wgmma(), (size_t)-1, &kps);
     return sp > 1 ? sizeof(float) * (size_t)sp * M * W->N : 0;
 }
 
@@ -621,7 +620,7 @@ extern "C" int v41g_wq_gemm(const v41g_wq *W, const uint16_t *x, int M, void *y,
     const bool wg = use_wgmma();
     const int BM = bm_for(M, wg);
     wq_args a = args_of(W, x, M, y, out_f32);
-    const int sp = split_for(W, M, ws ? ws_bytes : 0, &a.kt_per_split);
+    const int sp = split_for(W, M, wg, ws ? ws_bytes : 0, &a.kt_per_split);
     if (sp > 1) a.part = (float *)ws;
     const dim3 grid((W->N + WQ_BN - 1) / WQ_BN, (M + BM - 1) / BM, sp);
     int rc = launch(W->fmt, BM, grid, a, st, wg);
