@@ -411,7 +411,7 @@ START_TEST(test_moe)
     uint16_t *x = rand_bf16((size_t)T * D, 2.0f), *out = malloc(2 * (size_t)T * D);
     cr_moe_ffn(T, D, I, E, k, 1.0f, w13, w2, w13s, w2s, x, idx, wts, out);
     v41g_moe m = {T, D, I, E, k, 1.0f, up(w13, 2 * (size_t)E * 2 * I * D), up(w2, 2 * (size_t)E * D * I),
-                  up(w13s, 2 * (size_t)2 * I * D), up(w2s, 2 * (size_t)D * I)};
+                  up(w13s, 2 * (size_t)2 * I * D), up(w2s, 2 * (size_t)D * I), NULL, NULL, NULL, NULL};
     uint16_t *dx = up(x, 2 * (size_t)T * D), *dout = dpoison(2 * (size_t)T * D);
     int32_t *di = up(idx, 4 * T * k);
     float *dw = up(wts, 4 * T * k);
