@@ -345,46 +345,58 @@ __global__ void g_attn_merge_kernel(const float *__restrict__ part, const float 
 }
 
 // ================================================================================================
-// sm_90a path (wgmma): d = 512, 64-head tiles (MT = 64), any split count NS (same partial format as
-// the kernel above, merged by g_attn_merge_kernel). Used only when the device is compute 9.0 and the
-// binary carries sm_90a code; everything else runs g_sparse_attn_kernel above.
+// sm_90a path (wgmma): d = 512, 64-head tiles (MT = 64), list split across a cluster of NS <= 8 CTAs
+// (merged in distributed shared memory: no partials in global memory, no second kernel). Used only
+// when the device is compute 9.0 and the binary carries sm_90a code; everything else runs
+// g_sparse_attn_kernel above.
 //
-// Block: 256 threads = 2 warpgroups (WG 0, 1), one CTA per (query row, 64-head tile, list split).
+// Block: 256 threads = 2 warpgroups (WG 0, 1), one CTA per (query row, 64-head tile, list split);
+// the NS split CTAs of one (row, tile) form one cluster (cluster dims 1 x 1 x NS, rank = split).
 // Shared memory (base rounded up to 1024 B so every 128-byte-swizzle atom is 1024-byte aligned):
 //   Q     [64 heads x 512] bf16 at 0        (64 KB)
 //   K[0]  [64 keys  x 512] bf16 at 64 KB    (64 KB)  } double buffer: chunk c lives in K[(c - c0) & 1]
 //   K[1]  [64 keys  x 512] bf16 at 128 KB   (64 KB)  }
-//   list  the split's index entries (int32, positions past L = -1) at 192 KB
+//   P     [64 heads x 64 keys] bf16 at 192 KB (8 KB, one 128-byte swizzled row per head)
+//   Xmax  [2 WGs][64] fp32: each WG's row maxima of the chunk over its 32 keys
+//   Mrow  [64], Lw [2][64] fp32: the final running max and each WG's denominator
+//   list  the split's index entries (int32, positions past L = -1)
+// After the last chunk, Q and K (192 KB) are reused for this CTA's unnormalised O [64][AW_OST] fp32.
 // Q and K tiles are stored as 8 column blocks of 64 elements: block kb (columns 64kb..64kb+63) is a
 // [64 rows x 128 B] tile at kb * 8192, row r at r * 128, and the 16-byte chunk j (columns
 // 64kb + 8j..+7) of row r at chunk position j ^ (r % 8) (the 128-byte swizzle, Swizzle<3,4,3>).
 // Every 8 rows of a block are one 1024-byte swizzle atom.
 //
-// GEMM 1 (per WG, both WGs compute the same full S; no cross-WG softmax traffic):
-//   S[64 heads x 64 keys] = Q . K^T, 32 k-steps of wgmma.m64n64k16 (A = Q, B = K, both K-major,
-//   SW128). k-step ks reads columns 16ks..16ks+15 = block ks/4, byte offset (ks%4)*32 inside the
-//   128-byte row: descriptor start = tile + (ks/4)*8192 + (ks%4)*32; SBO = 1024 (next 8 rows);
-//   LBO unused for swizzled K-major (set to 16 B).
+// GEMM 1 (WG w computes S for its 32 keys 32w..32w+31 only):
+//   S_w[64 heads x 32 keys] = Q . K_w^T, 32 k-steps of wgmma.m64n32k16 (A = Q, B = K rows 32w..,
+//   both K-major, SW128). k-step ks reads columns 16ks..16ks+15 = block ks/4, byte offset (ks%4)*32
+//   inside the 128-byte row: descriptor start = tile + (ks/4)*8192 + (ks%4)*32 (+ 32w * 128 for B);
+//   SBO = 1024 (next 8 rows); LBO unused for swizzled K-major (set to 16 B).
+// Softmax across the two halves: each WG publishes its per-row maximum of the chunk (Xmax), both
+//   read max(Xmax[0][r], Xmax[1][r]) in that order, so both hold the identical running max m and
+//   correction; each WG keeps its own denominator Lw (the sum of its keys' p), added at the end.
+//   P = bf16(p) goes to shared memory (WG w writes keys 32w.., i.e. 16-byte chunks 4w..4w+3 of each
+//   swizzled 128-byte row).
 // GEMM 2 (per WG w, its half of d = columns 256w..256w+255 = blocks 4w..4w+3):
-//   O[64 x 256] += P[64 x 64 keys] . V[64 keys x 256], 4 k-steps of wgmma.m64n256k16, A = P from
-//   registers (bf16), B = the same key chunk read MN-major (imm-trans-b = 1): for N-major SW128 the
-//   canonical layout is ((64 elems, n-blocks), (8 k-rows, k-groups)) : ((1, LBO), (128 B, SBO)), so
-//   LBO = 8192 (next 64-column block), SBO = 1024 (next 8 keys); k-step ks (keys 16ks..16ks+15)
-//   starts at tile + (4w)*8192 + ks*16*128.
+//   O[64 x 256] += P[64 x 64 keys] . V[64 keys x 256], 4 k-steps of wgmma.m64n256k16, A = P (K-major,
+//   SW128, start sP + 32 ks), B = the same key chunk read MN-major (imm-trans-b = 1): for N-major
+//   SW128 the canonical layout is ((64 elems, n-blocks), (8 k-rows, k-groups)) : ((1, LBO),
+//   (128 B, SBO)), so LBO = 8192 (next 64-column block), SBO = 1024 (next 8 keys); k-step ks (keys
+//   16ks..16ks+15) starts at tile + (4w)*8192 + ks*16*128.
 // Accumulator fragment of wgmma m64nN (f32): thread (warp w4 = warp % 4, lane = 4g + c) holds
 // d[4i + 0/1] = (row 16 w4 + g, columns 8i + 2c + 0/1) and d[4i + 2/3] = (row 16 w4 + g + 8, same
-// columns). The A-register fragment of m64k16 (bf16) is a0 = (row g, k 2c..2c+1), a1 = (row g+8,
-// k 2c..), a2 = (row g, k 2c+8..), a3 = (row g+8, k 2c+8..), so the S accumulators of keys
-// 16ks..16ks+15 (d[8ks .. 8ks+7]) become P's k-step ks as pack(d0,d1), pack(d2,d3), pack(d4,d5),
-// pack(d6,d7) with no data movement.
+// columns).
 // Pipeline per chunk c (buffer b): __syncthreads (both WGs are done with chunk c-1, whose buffer
-// b^1 is free) -> issue the cp.async gather of chunk c+1 into b^1 (so it flies while chunk c is
-// still landing: two chunks in flight, 128 KB per SM) -> cp.async.wait_group 1 + fence.proxy.async
-// (this thread's rows of chunk c are visible to the async proxy) + __syncthreads (every thread's
-// rows landed) -> issue GEMM 1 (async) -> wait GEMM 1 -> softmax in
-// registers (scale, -1 entries -> -inf, row max over the quad, corr, p = expf(s - m), l = l*corr +
-// sum p, P = bf16(p)) -> O *= corr -> issue GEMM 2 -> wait (both WGs must be done with buffer b
-// before the next iteration's barrier lets chunk c+2 be gathered into it).
+// b^1 is free) -> issue the cp.async gather of chunk c+1 into b^1 (two chunks in flight) ->
+// cp.async.wait_group 1 + fence.proxy.async + __syncthreads (chunk c landed for every thread) ->
+// GEMM 1 -> scale, mask, row max of the 32 keys -> Xmax, __syncthreads -> m, corr, p, P to shared
+// memory, fence.proxy.async, __syncthreads -> O *= corr -> GEMM 2 -> wait.
+// Epilogue: each CTA stores its O, m and l (= Lw[0] + Lw[1]) in its own shared memory; after a
+// cluster barrier, rank z finalises rows z, z + NS, ... reading every rank's values through
+// distributed shared memory in rank order, exactly as g_attn_merge_kernel: M = max m_s,
+// l = sum l_s e^(m_s - M) (+ e^(sink - M)), o = bf16(sum O_s e^(m_s - M) / l), with 16-byte loads
+// and 8-byte coalesced stores; a second cluster barrier keeps every rank's shared memory alive
+// until all reads are done. With NS = 1 the same code runs on the CTA's own memory (e^0 = 1: the
+// plain o = O / l).
 // The numerics are those of the kernel above: chunks of 64 entries from index 0 of the list, running
 // max from -1e30, fp32 denominator of the unrounded p, bf16 P in the numerator, sink with the final
 // max; only the summation order of the dot products and of the row sums differs.
@@ -392,14 +404,44 @@ __global__ void g_attn_merge_kernel(const float *__restrict__ part, const float 
 #include "k_attn_wgmma.cuh"
 
 #define AW_THREADS 256
-#define AW_OFF_LIST (3u * 65536u)
+#define AW_MAX_NS 8                              /* portable cluster size */
+#define AW_OFF_P (3u * 65536u)                   /* P tile */
+#define AW_OFF_X (AW_OFF_P + 8192u)              /* Xmax [2][64] */
+#define AW_OFF_S (AW_OFF_X + 512u)               /* Mrow [64], Lw [2][64] */
+#define AW_OFF_LIST (AW_OFF_S + 768u)
+#define AW_OST 520                               /* O row stride (floats) in the epilogue: 2-way banks */
+static_assert(64u * AW_OST * 4u <= AW_OFF_P, "the epilogue's O fits in Q + K");
 __host__ __device__ static inline size_t aw_smem_bytes(int cps) { return 1024 + AW_OFF_LIST + (size_t)cps * AT_CK * 4; }
+
+// distributed shared memory (cluster) primitives
+__device__ __forceinline__ uint32_t aw_mapa(uint32_t saddr, uint32_t rank)
+{
+    uint32_t r;
+    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(r) : "r"(saddr), "r"(rank));
+    return r;
+}
+__device__ __forceinline__ float4 aw_ld_cluster_v4(uint32_t a)
+{
+    float4 v;
+    asm volatile("ld.shared::cluster.v4.f32 {%0,%1,%2,%3}, [%4];\n" : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w) : "r"(a));
+    return v;
+}
+__device__ __forceinline__ float aw_ld_cluster(uint32_t a)
+{
+    float v;
+    asm volatile("ld.shared::cluster.f32 %0, [%1];\n" : "=f"(v) : "r"(a));
+    return v;
+}
+__device__ __forceinline__ void aw_cluster_sync()
+{
+    asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;\n" ::: "memory");
+}
 
 __global__ void __launch_bounds__(AW_THREADS, 1)
 g_sparse_attn_wgmma_kernel(const uint16_t *__restrict__ q, const uint16_t *__restrict__ kv_a,
                            const uint16_t *__restrict__ kv_b, const int32_t *__restrict__ idx, int L, int n_a,
                            const float *__restrict__ sink, float scale, int H, int chunks_per_split,
-                           uint16_t *__restrict__ o, float *__restrict__ part /* NS>1: [T,tiles,NS,64,514] */)
+                           uint16_t *__restrict__ o)
 {
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
     constexpr int d = 512, MT = 64;
@@ -407,12 +449,14 @@ g_sparse_attn_wgmma_kernel(const uint16_t *__restrict__ q, const uint16_t *__res
     const uint32_t sraw = (uint32_t)__cvta_generic_to_shared(aw_smem);
     const uint32_t sbase = (sraw + 1023u) & ~1023u;
     unsigned char *gbase = aw_smem + (sbase - sraw);
-    const uint32_t sQ = sbase, sK = sbase + 65536u;
+    const uint32_t sQ = sbase, sK = sbase + 65536u, sP = sbase + AW_OFF_P;
+    float *Xmax = (float *)(gbase + AW_OFF_X), *Mrow = (float *)(gbase + AW_OFF_S), *Lw = Mrow + 64;
     int *Vall = (int *)(gbase + AW_OFF_LIST);
 
     const int t = blockIdx.x, tile = blockIdx.y, split = blockIdx.z, NS = gridDim.z;
     const int h0 = tile * MT;
     const int tid = threadIdx.x, wg = tid >> 7, w4 = (tid >> 5) & 3, lane = tid & 31, g = lane >> 2, c4 = lane & 3;
+    const int r0 = 16 * w4 + g, r1 = r0 + 8;   /* this thread's rows (heads) in both GEMMs */
 
     // Q tile by cp.async into the blocked swizzled layout (rows past H zero-filled)
 #pragma unroll 4
@@ -430,16 +474,22 @@ g_sparse_attn_wgmma_kernel(const uint16_t *__restrict__ q, const uint16_t *__res
         Vall[j] = gj < L ? row_idx[gj] : -1;
     }
     __syncthreads();   // the list is visible
-    // cp.async gather of chunk c into buffer b (rows of -1 entries zero-filled)
+    // cp.async gather of chunk c into buffer b (rows of -1 entries zero-filled). Thread tid copies
+    // the 16-byte column chunk cc = tid % 64 of keys j = tid / 64 + 4k: its swizzled position is
+    // (cc % 8) ^ (j % 8) = ((cc % 8) ^ (tid / 64)) ^ (4 if k odd), j % 8 = tid / 64 + 4 (k % 2).
+    const int gcc = tid & 63, gj0 = tid >> 6;
+    const uint32_t gdst = (uint32_t)(gcc >> 3) * 8192u + (uint32_t)gj0 * 128u;
+    const uint32_t gsw = (uint32_t)((gcc & 7) ^ gj0);
     auto prefetch = [&](int c, int b) {
-        const uint32_t Kd = sK + (uint32_t)b * 65536u;
+        const uint32_t Kd = sK + (uint32_t)b * 65536u + gdst;
         const int *Vc = Vall + (c - c0) * AT_CK;
-#pragma unroll 4
-        for (int k = 0; k < AT_CK * 64 / AW_THREADS; k++) {
-            const int i = tid + k * AW_THREADS, j = i >> 6, cc = i & 63, id = Vc[j];
-            const uint16_t *pool = (c * AT_CK + j) < n_a ? kv_a : kv_b;
-            const uint16_t *src = id >= 0 ? pool + (size_t)id * d + cc * 8 : pool;
-            g_cp_async16(Kd + (cc >> 3) * 8192 + j * 128 + (((cc & 7) ^ (j & 7)) << 4), src, id >= 0 ? 16 : 0);
+        const int cbase = c * AT_CK;
+#pragma unroll
+        for (int k = 0; k < AT_CK / 4; k++) {
+            const int j = gj0 + 4 * k, id = Vc[j];
+            const uint16_t *pool = cbase + j < n_a ? kv_a : kv_b;
+            const uint16_t *src = id >= 0 ? pool + (size_t)id * d + gcc * 8 : pool;
+            g_cp_async16(Kd + (uint32_t)k * 512u + ((gsw ^ (uint32_t)((k & 1) << 2)) << 4), src, id >= 0 ? 16 : 0);
         }
         g_cp_commit();
     };
@@ -449,32 +499,34 @@ g_sparse_attn_wgmma_kernel(const uint16_t *__restrict__ q, const uint16_t *__res
     float oacc[128];
 #pragma unroll
     for (int i = 0; i < 128; i++) oacc[i] = 0.0f;
-    float m0 = AT_NEG, m1 = AT_NEG, l0 = 0.0f, l1 = 0.0f;   /* rows 16 w4 + g and + 8 */
-    const uint64_t dQ = aw_desc(sQ, 16, 1024);                               /* K-major, SW128 */
-    const uint64_t dK0 = aw_desc(sK, 16, 1024);                              /* buffer 0, K-major */
-    const uint64_t dV0 = aw_desc(sK + (uint32_t)wg * 4 * 8192, 8192, 1024);  /* buffer 0, N-major, this WG's half */
+    float m0 = AT_NEG, m1 = AT_NEG, l0 = 0.0f, l1 = 0.0f;   /* rows r0, r1; l: this WG's keys only */
+    const uint64_t dQ = aw_desc(sQ, 16, 1024);                                       /* K-major, SW128 */
+    const uint64_t dK0 = aw_desc(sK + (uint32_t)wg * 32 * 128, 16, 1024);            /* buffer 0, this WG's keys */
+    const uint64_t dV0 = aw_desc(sK + (uint32_t)wg * 4 * 8192, 8192, 1024);          /* buffer 0, N-major, this WG's half */
+    const uint64_t dP = aw_desc(sP, 16, 1024);                                       /* K-major, SW128 */
+    const int kw = 32 * wg;   /* this WG's first key of the chunk */
 
     for (int c = c0; c < c1; c++) {
         const int b = (c - c0) & 1;
-        const int *Vs = Vall + (c - c0) * AT_CK;
+        const int *Vs = Vall + (c - c0) * AT_CK + kw;
         const uint64_t boff = (uint64_t)(b * 65536) >> 4;   /* buffer offset in descriptor units */
-        __syncthreads();   // both WGs are done with chunk c-1: its buffer b^1 is free
+        __syncthreads();   // both WGs are done with chunk c-1: its buffer b^1, P and Xmax are free
         // gather chunk c+1 into it now, before waiting for chunk c: two chunks in flight
         if (c + 1 < c1) prefetch(c + 1, b ^ 1);
         else g_cp_commit();
         g_cp_wait<1>();    // this thread's rows of chunk c (and Q) landed (chunk c+1 may still fly)
         aw_fence_proxy_async();
         __syncthreads();   // chunk c landed for every thread
-        // GEMM 1: S = Q . K^T (async)
-        float s[32];
+        // GEMM 1: S_w = Q . K_w^T (async)
+        float s[16];
 #pragma unroll
-        for (int i = 0; i < 32; i++) s[i] = 0.0f;
+        for (int i = 0; i < 16; i++) s[i] = 0.0f;
         aw_fence_regs(s);
         aw_wgmma_fence();
 #pragma unroll
         for (int ks = 0; ks < d / 16; ks++) {
             const uint64_t koff = (uint64_t)((ks >> 2) * 8192 + (ks & 3) * 32) >> 4;
-            aw_mma_ss_n64(s, dQ + koff, dK0 + boff + koff, ks > 0);
+            aw_mma_ss_n32(s, dQ + koff, dK0 + boff + koff, ks > 0);
         }
         aw_wgmma_commit();
         aw_wgmma_wait<0>();
@@ -482,7 +534,7 @@ g_sparse_attn_wgmma_kernel(const uint16_t *__restrict__ q, const uint16_t *__res
         // scale, mask (-1 entries: -inf, never in the max), row max over the quad (lanes 4g..4g+3)
         float mx0 = -INFINITY, mx1 = -INFINITY;
 #pragma unroll
-        for (int i = 0; i < 8; i++)
+        for (int i = 0; i < 4; i++)
 #pragma unroll
             for (int j = 0; j < 2; j++) {
                 const bool v = Vs[8 * i + 2 * c4 + j] >= 0;
@@ -496,19 +548,25 @@ g_sparse_attn_wgmma_kernel(const uint16_t *__restrict__ q, const uint16_t *__res
             mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, o2));
             mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, o2));
         }
-        const float mn0 = fmaxf(m0, mx0), mn1 = fmaxf(m1, mx1);
+        if (c4 == 0) { Xmax[wg * 64 + r0] = mx0; Xmax[wg * 64 + r1] = mx1; }
+        __syncthreads();   // both halves' maxima published
+        const float mn0 = fmaxf(m0, fmaxf(Xmax[r0], Xmax[64 + r0]));
+        const float mn1 = fmaxf(m1, fmaxf(Xmax[r1], Xmax[64 + r1]));
         const float corr0 = expf(m0 - mn0), corr1 = expf(m1 - mn1);
         m0 = mn0; m1 = mn1;
-        // probabilities (masked entries: expf(-inf) = 0 exactly), fp32 sums, bf16 P in the A fragment
-        uint32_t pa[16];
+        // probabilities (masked entries: expf(-inf) = 0 exactly), fp32 sums, bf16 P to shared memory:
+        // keys kw + 8i + 2c4 (+1) = 16-byte chunk 4wg + i of the row, bytes 4c4..
         float ps0 = 0.0f, ps1 = 0.0f;
 #pragma unroll
-        for (int i = 0; i < 8; i++) {
+        for (int i = 0; i < 4; i++) {
             const float p0 = expf(s[4 * i + 0] - mn0), p1 = expf(s[4 * i + 1] - mn0);
             const float p2 = expf(s[4 * i + 2] - mn1), p3 = expf(s[4 * i + 3] - mn1);
             ps0 += p0 + p1; ps1 += p2 + p3;
-            pa[2 * i] = (uint32_t)g_f2bf(p0) | ((uint32_t)g_f2bf(p1) << 16);       /* row g */
-            pa[2 * i + 1] = (uint32_t)g_f2bf(p2) | ((uint32_t)g_f2bf(p3) << 16);   /* row g + 8 */
+            const uint32_t ch = (uint32_t)(4 * wg + i);
+            const uint32_t a0 = sP + r0 * 128 + ((ch ^ (uint32_t)(r0 & 7)) << 4) + 4 * c4;
+            const uint32_t a1 = sP + r1 * 128 + ((ch ^ (uint32_t)(r1 & 7)) << 4) + 4 * c4;
+            asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(a0), "r"((uint32_t)g_f2bf(p0) | ((uint32_t)g_f2bf(p1) << 16)) : "memory");
+            asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(a1), "r"((uint32_t)g_f2bf(p2) | ((uint32_t)g_f2bf(p3) << 16)) : "memory");
         }
 #pragma unroll
         for (int o2 = 1; o2 <= 2; o2 <<= 1) {
@@ -516,47 +574,83 @@ g_sparse_attn_wgmma_kernel(const uint16_t *__restrict__ q, const uint16_t *__res
             ps1 += __shfl_xor_sync(0xffffffffu, ps1, o2);
         }
         l0 = l0 * corr0 + ps0; l1 = l1 * corr1 + ps1;
-        // GEMM 2: O = O*corr + P.V over this WG's 256 columns
 #pragma unroll
         for (int i = 0; i < 32; i++) {
             oacc[4 * i + 0] *= corr0; oacc[4 * i + 1] *= corr0;
             oacc[4 * i + 2] *= corr1; oacc[4 * i + 3] *= corr1;
         }
-        aw_fence_regs(pa);
+        aw_fence_proxy_async();   // this thread's P entries -> the async proxy
+        __syncthreads();          // all of P written
+        // GEMM 2: O += P . V over this WG's 256 columns
         aw_fence_regs(oacc);
         aw_wgmma_fence();
 #pragma unroll
-        for (int ks = 0; ks < AT_CK / 16; ks++)   /* keys 16ks..: S accumulators i = 2ks, 2ks+1 */
-            aw_mma_rs_n256_tb(oacc, pa[4 * ks + 0], pa[4 * ks + 1], pa[4 * ks + 2], pa[4 * ks + 3],
-                              dV0 + boff + ((uint64_t)(ks * 16 * 128) >> 4));
+        for (int ks = 0; ks < AT_CK / 16; ks++)
+            aw_mma_ss_n256_tb(oacc, dP + (uint64_t)((ks * 32) >> 4), dV0 + boff + ((uint64_t)(ks * 16 * 128) >> 4));
         aw_wgmma_commit();
         aw_wgmma_wait<0>();
         aw_fence_regs(oacc);
     }
     g_cp_wait<0>();
-    // epilogue: this thread holds rows 16 w4 + g (+8) x columns 256 wg + 8i + 2 c4 (+1), i < 32
+    __syncthreads();   // every wgmma and gather is done: Q and K are free for O
+    // this CTA's unnormalised O [64][AW_OST] fp32, its final max and both WGs' denominators
+    float *Os = (float *)gbase;
 #pragma unroll
-    for (int hf = 0; hf < 2; hf++) {
-        const int r = 16 * w4 + g + 8 * hf;
-        const float m = hf ? m1 : m0;
-        float l = hf ? l1 : l0;
-        if (NS == 1) {
-            if (h0 + r >= H) continue;
-            if (sink) l += expf(sink[h0 + r] - m);
-            const float inv = l > 0.0f ? 1.0f / l : 0.0f;
-            uint16_t *orow = o + ((size_t)t * H + h0 + r) * d + wg * 256 + 2 * c4;
+    for (int i = 0; i < 32; i++) {
+        const int col = wg * 256 + 8 * i + 2 * c4;
+        *(float2 *)(Os + r0 * AW_OST + col) = make_float2(oacc[4 * i + 0], oacc[4 * i + 1]);
+        *(float2 *)(Os + r1 * AW_OST + col) = make_float2(oacc[4 * i + 2], oacc[4 * i + 3]);
+    }
+    if (c4 == 0) {
+        Lw[wg * 64 + r0] = l0; Lw[wg * 64 + r1] = l1;
+        if (wg == 0) { Mrow[r0] = m0; Mrow[r1] = m1; }
+    }
+    if (NS > 1) aw_cluster_sync();   // every rank's O, m, l are written (release / acquire)
+    else __syncthreads();
+    // finalise rows split, split + NS, ...: one warp per row, lane = 16 columns (4 x float4)
+    const uint32_t sOs = sbase, sM = sbase + AW_OFF_S, sL = sM + 64 * 4;
+    for (int r = split + NS * (tid >> 5); r < MT; r += NS * (AW_THREADS / 32)) {
+        if (h0 + r >= H) continue;
+        float ms[AW_MAX_NS], M = AT_NEG, l = 0.0f;
 #pragma unroll
-            for (int i = 0; i < 32; i++)
-                *(uint32_t *)(orow + 8 * i) = (uint32_t)g_f2bf(oacc[4 * i + 2 * hf] * inv) |
-                                              ((uint32_t)g_f2bf(oacc[4 * i + 2 * hf + 1] * inv) << 16);
-        } else {
-            float *pp = part + ((((size_t)t * gridDim.y + tile) * NS + split) * MT + r) * (d + 2);
+        for (int z = 0; z < AW_MAX_NS; z++)
+            if (z < NS) {
+                const uint32_t base = NS > 1 ? aw_mapa(sM, (uint32_t)z) : sM;
+                ms[z] = NS > 1 ? aw_ld_cluster(base + 4 * r) : Mrow[r];
+                M = fmaxf(M, ms[z]);
+            }
 #pragma unroll
-            for (int i = 0; i < 32; i++)
-                *(float2 *)(pp + wg * 256 + 8 * i + 2 * c4) = make_float2(oacc[4 * i + 2 * hf], oacc[4 * i + 2 * hf + 1]);
-            if (wg == 0 && c4 == 0) { pp[d] = m; pp[d + 1] = l; }
+        for (int z = 0; z < AW_MAX_NS; z++)
+            if (z < NS) {
+                float lz;
+                if (NS > 1) {
+                    const uint32_t base = aw_mapa(sL, (uint32_t)z);
+                    lz = aw_ld_cluster(base + 4 * r) + aw_ld_cluster(base + 256 + 4 * r);
+                } else lz = Lw[r] + Lw[64 + r];
+                ms[z] = expf(ms[z] - M);   /* from here on: the rank's factor e^(m_s - M) */
+                l += lz * ms[z];
+            }
+        if (sink) l += expf(sink[h0 + r] - M);
+        const float inv = l > 0.0f ? 1.0f / l : 0.0f;
+        uint16_t *orow = o + ((size_t)t * H + h0 + r) * d;
+#pragma unroll
+        for (int u = 0; u < 4; u++) {
+            const int col = 4 * (lane + 32 * u);
+            float4 a = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+#pragma unroll
+            for (int z = 0; z < AW_MAX_NS; z++)
+                if (z < NS) {
+                    const uint32_t la = sOs + (uint32_t)(r * AW_OST + col) * 4u;
+                    const float4 v = NS > 1 ? aw_ld_cluster_v4(aw_mapa(la, (uint32_t)z)) : *(const float4 *)(Os + r * AW_OST + col);
+                    a.x += v.x * ms[z]; a.y += v.y * ms[z]; a.z += v.z * ms[z]; a.w += v.w * ms[z];
+                }
+            uint2 pk;
+            pk.x = (uint32_t)g_f2bf(a.x * inv) | ((uint32_t)g_f2bf(a.y * inv) << 16);
+            pk.y = (uint32_t)g_f2bf(a.z * inv) | ((uint32_t)g_f2bf(a.w * inv) << 16);
+            *(uint2 *)(orow + col) = pk;
         }
     }
+    if (NS > 1) aw_cluster_sync();   // no rank leaves while another may still read its memory
 #endif
 }
 
@@ -608,32 +702,37 @@ extern "C" int v41g_sparse_attn(const uint16_t *q, const uint16_t *kv_a, const u
     // Split the list across CTAs only when there are fewer (row, head-tile) pairs than SMs: one CTA
     // per SM fits (shared memory), so pick the split count with the fewest sequential chunk steps
     // (waves x chunks per CTA), the fewest splits on ties (each split adds partial traffic + a merge).
+    // The wgmma path merges the splits inside a cluster: at most AW_MAX_NS of them.
     int dev = 0, nsm = 132;
     if (cudaGetDevice(&dev) == cudaSuccess) cudaDeviceGetAttribute(&nsm, cudaDevAttrMultiProcessorCount, dev);
+    const bool wg_ok = d == 512 && MT == 64 && aw_usable(dev, AT_MAX_CPS);
     int NS = 1, cps = nchunks;
     long best = -1;
     for (int ns = 1; ns <= ((long)T * tiles < nsm ? nchunks : 1); ns++) {   // enough rows: never split
         int c = (nchunks + ns - 1) / ns, nse = (nchunks + c - 1) / c;
-        if (c > AT_MAX_CPS || nse != ns) continue;
+        if (c > AT_MAX_CPS || nse != ns || (wg_ok && nse > AW_MAX_NS)) continue;
         long waves = ((long)T * tiles * nse + nsm - 1) / nsm;
         long cost = waves * c;
         if (best < 0 || cost < best) { best = cost; NS = nse; cps = c; }
     }
     at_smem Ly = at_layout(d, cps, MT);
-    if (d == 512 && MT == 64 && aw_usable(dev, cps)) {   // sm_90a wgmma path (see above)
-        float *part = NULL;
-        if (NS > 1) G_CHECK(g_tmp_alloc((void **)&part, sizeof(float) * (size_t)T * tiles * NS * MT * (d + 2), st));
+    if (wg_ok && aw_usable(dev, cps)) {   // sm_90a wgmma path (see above); NS > 1: one cluster of NS CTAs per (row, tile)
         const size_t sm = aw_smem_bytes(cps);
         G_CHECK(cudaFuncSetAttribute(g_sparse_attn_wgmma_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sm));
         G_CHECK(cudaFuncSetAttribute(g_sparse_attn_wgmma_kernel, cudaFuncAttributePreferredSharedMemoryCarveout, 100));
-        g_sparse_attn_wgmma_kernel<<<dim3(T, tiles, NS), AW_THREADS, sm, st>>>(q, kv_a, kv_b, idx, L, n_a, sink, scale,
-                                                                               H, cps, o, part);
-        G_LAUNCHED();
-        if (NS > 1) {
-            g_attn_merge_kernel<<<dim3(T, H), 128, 0, st>>>(part, sink, H, d, tiles, NS, MT, o);
-            G_LAUNCHED();
-            G_CHECK(cudaFreeAsync(part, st));
-        }
+        cudaLaunchConfig_t cfg = {};
+        cfg.gridDim = dim3(T, tiles, NS);
+        cfg.blockDim = dim3(AW_THREADS);
+        cfg.dynamicSmemBytes = sm;
+        cfg.stream = st;
+        cudaLaunchAttribute at[1];
+        at[0].id = cudaLaunchAttributeClusterDimension;
+        at[0].val.clusterDim.x = 1;
+        at[0].val.clusterDim.y = 1;
+        at[0].val.clusterDim.z = (unsigned)NS;
+        cfg.attrs = at;
+        cfg.numAttrs = NS > 1 ? 1 : 0;
+        G_CHECK(cudaLaunchKernelEx(&cfg, g_sparse_attn_wgmma_kernel, q, kv_a, kv_b, idx, L, n_a, sink, scale, H, cps, o));
         return 0;
     }
     float *part = NULL;

@@ -212,6 +212,8 @@ static const attn_case attn_cases[] = {
     {2, 4, 64, 8, 6, 8, 8, 1, 0, 1},                 /* all -1 but one key */
     {2, 20, 128, 8, 200, 8, 400, 8, 150, 0},         /* H not a multiple of 16, no sink */
     {40, 64, 512, 128, 200, 5120, 4096, 128, 150, 1}, /* 64-head tiles, list split across CTAs */
+    {33, 40, 512, 128, 512, 4096, 8192, 128, 512, 1}, /* 4 splits (sm_90a: a cluster of 4 CTAs), 24 empty heads */
+    {140, 16, 512, 128, 192, 2048, 8192, 77, 150, 1}, /* more rows than SMs: no split */
 };
 static int32_t *make_list(const attn_case *c, int L)
 {
