@@ -607,47 +607,70 @@ g_sparse_attn_wgmma_kernel(const uint16_t *__restrict__ q, const uint16_t *__res
     }
     if (NS > 1) aw_cluster_sync();   // every rank's O, m, l are written (release / acquire)
     else __syncthreads();
-    // finalise rows split, split + NS, ...: one warp per row, lane = 16 columns (4 x float4)
-    const uint32_t sOs = sbase, sM = sbase + AW_OFF_S, sL = sM + 64 * 4;
-    for (int r = split + NS * (tid >> 5); r < MT; r += NS * (AW_THREADS / 32)) {
-        if (h0 + r >= H) continue;
+    // Finalise the rows r = split + NS i of this rank. Per row: M = max_z m_z, the factors
+    // e_z = e^(m_z - M) and 1 / l (threads 0..63, one row each, into Xmax / P: free now), then
+    // o = bf16(sum_z O_z e_z / l) by every thread, 4 columns (one 16-byte load per rank) per item.
+    const uint32_t sM = sbase + AW_OFF_S, sL = sM + 64 * 4;
+    float *Fac = (float *)(gbase + AW_OFF_P);   /* [64][AW_MAX_NS] */
+    float *Inv = Xmax;                           /* [64] */
+    auto rb = [&](int z) { return NS > 1 ? aw_mapa(sbase, (uint32_t)z) : sbase; };   /* rank z's shared window */
+    if (tid < MT && tid % NS == split) {
+        const int r = tid;
         float ms[AW_MAX_NS], M = AT_NEG, l = 0.0f;
 #pragma unroll
         for (int z = 0; z < AW_MAX_NS; z++)
             if (z < NS) {
-                const uint32_t base = NS > 1 ? aw_mapa(sM, (uint32_t)z) : sM;
-                ms[z] = NS > 1 ? aw_ld_cluster(base + 4 * r) : Mrow[r];
+                ms[z] = NS > 1 ? aw_ld_cluster(rb(z) + (sM - sbase) + 4 * r) : Mrow[r];
                 M = fmaxf(M, ms[z]);
             }
 #pragma unroll
         for (int z = 0; z < AW_MAX_NS; z++)
             if (z < NS) {
-                float lz;
-                if (NS > 1) {
-                    const uint32_t base = aw_mapa(sL, (uint32_t)z);
-                    lz = aw_ld_cluster(base + 4 * r) + aw_ld_cluster(base + 256 + 4 * r);
-                } else lz = Lw[r] + Lw[64 + r];
-                ms[z] = expf(ms[z] - M);   /* from here on: the rank's factor e^(m_s - M) */
-                l += lz * ms[z];
+                const float lz = NS > 1 ? aw_ld_cluster(rb(z) + (sL - sbase) + 4 * r) + aw_ld_cluster(rb(z) + (sL - sbase) + 256 + 4 * r)
+                                        : Lw[r] + Lw[64 + r];
+                const float e = expf(ms[z] - M);
+                Fac[r * AW_MAX_NS + z] = e;
+                l += lz * e;
             }
-        if (sink) l += expf(sink[h0 + r] - M);
-        const float inv = l > 0.0f ? 1.0f / l : 0.0f;
-        uint16_t *orow = o + ((size_t)t * H + h0 + r) * d;
+        if (h0 + r < H && sink) l += expf(sink[h0 + r] - M);
+        Inv[r] = l > 0.0f ? 1.0f / l : 0.0f;
+    }
+    __syncthreads();   // Fac, Inv
+    const int nrow = (MT - split + NS - 1) / NS, items = nrow * (d / 4);
+    for (int it0 = tid; it0 < items; it0 += 4 * AW_THREADS) {
+        float4 a[4];
+        int rr[4], cl[4];
 #pragma unroll
         for (int u = 0; u < 4; u++) {
-            const int col = 4 * (lane + 32 * u);
-            float4 a = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+            const int it = it0 + u * AW_THREADS;
+            rr[u] = it < items ? split + NS * (it / (d / 4)) : 0;
+            cl[u] = 4 * (it % (d / 4));
+            a[u] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        }
 #pragma unroll
-            for (int z = 0; z < AW_MAX_NS; z++)
-                if (z < NS) {
-                    const uint32_t la = sOs + (uint32_t)(r * AW_OST + col) * 4u;
-                    const float4 v = NS > 1 ? aw_ld_cluster_v4(aw_mapa(la, (uint32_t)z)) : *(const float4 *)(Os + r * AW_OST + col);
-                    a.x += v.x * ms[z]; a.y += v.y * ms[z]; a.z += v.z * ms[z]; a.w += v.w * ms[z];
+        for (int z = 0; z < AW_MAX_NS; z++)
+            if (z < NS) {
+                float4 v[4];
+#pragma unroll
+                for (int u = 0; u < 4; u++) {
+                    const uint32_t off = (uint32_t)(rr[u] * AW_OST + cl[u]) * 4u;
+                    v[u] = NS > 1 ? aw_ld_cluster_v4(rb(z) + off) : *(const float4 *)(gbase + off);
                 }
+#pragma unroll
+                for (int u = 0; u < 4; u++) {
+                    const float e = Fac[rr[u] * AW_MAX_NS + z];
+                    a[u].x += v[u].x * e; a[u].y += v[u].y * e; a[u].z += v[u].z * e; a[u].w += v[u].w * e;
+                }
+            }
+#pragma unroll
+        for (int u = 0; u < 4; u++) {
+            const int it = it0 + u * AW_THREADS;
+            if (it >= items || h0 + rr[u] >= H) continue;
+            const float inv = Inv[rr[u]];
             uint2 pk;
-            pk.x = (uint32_t)g_f2bf(a.x * inv) | ((uint32_t)g_f2bf(a.y * inv) << 16);
-            pk.y = (uint32_t)g_f2bf(a.z * inv) | ((uint32_t)g_f2bf(a.w * inv) << 16);
-            *(uint2 *)(orow + col) = pk;
+            pk.x = (uint32_t)g_f2bf(a[u].x * inv) | ((uint32_t)g_f2bf(a[u].y * inv) << 16);
+            pk.y = (uint32_t)g_f2bf(a[u].z * inv) | ((uint32_t)g_f2bf(a[u].w * inv) << 16);
+            *(uint2 *)(o + ((size_t)t * H + h0 + rr[u]) * d + cl[u]) = pk;
         }
     }
     if (NS > 1) aw_cluster_sync();   // no rank leaves while another may still read its memory
