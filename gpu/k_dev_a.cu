@@ -245,28 +245,42 @@ extern "C" int v41g_compress_dec(const float *kv, const float *sc, const int32_t
 
 // ---------------------------------------------------------------- candidate blocks
 // One block of CM_THREADS per row. Block scores bs[b] (b < nb) = max of I[t, s] over the block's
-// s < Lc, by `v > mx ? v : mx` from -inf as ref (NaN never wins, so bs is never NaN; -0 vs +0
-// may come out either way, which no comparison sees), the +inf pin, then the kb best blocks of the
-// total order "bs descending, block id ascending" (v41_topk_desc; NaN as -inf).
+// s < Lc (NaN never wins, so bs is never NaN; -0 vs +0 may come out either way, which no comparison
+// sees), the +inf pin, then the kb best blocks of the total order "bs descending, block id
+// ascending" (v41_topk_desc; NaN as -inf).
 //
-// Selection without sorting: the best key after a key K is the argmax over the keys that rank
-// below K, so kb rounds of a block-wide argmax give the kb-th best key thr; block b is chosen iff
-// its key ranks at or above thr. When kb >= the number of blocks with bs > -inf, every such block
-// is among the kb best (they rank above all -inf blocks) and thr is not needed; otherwise all kb
-// chosen blocks have bs > -inf. Either way the mask is bs[b] > -inf && key(b) >= thr.
+// Selection without sorting. Each bs is mapped to an order-preserving uint32 key (g_cm_key; -0 and
+// +0 share the key of +0, as they compare equal). The kb-th best key is found by a radix select on
+// the keys (4 passes of 8-bit digits, most significant first: a histogram of the digit among the
+// keys that match the digits chosen so far, then the digit where the count from the top reaches
+// the rank still wanted): it gives the threshold key thr and the number `need` of blocks with key
+// == thr that are kept (those of the lowest ids). The id threshold thr_id is the id of the
+// need-th block with key == thr in id order (a block-wide prefix count). Block b is chosen iff
+// key(b) > thr or (key(b) == thr and b <= thr_id). When kb >= the number of blocks with bs > -inf,
+// every such block is among the kb best (they rank above all -inf blocks): thr = key(-inf),
+// thr_id = -1; otherwise thr > key(-inf), so all chosen blocks have bs > -inf. Either way the mask
+// is exactly that of the kb best blocks with bs > -inf.
 //
-// bs lives in dynamic shared memory when ceil(S / B) floats fit in CM_SMEM_MAX bytes (no opt-in);
-// otherwise it is computed again from I where needed (slower, only for very long rows).
-#define CM_THREADS 256
-#define CM_SMEM_MAX (40 * 1024)   // + the static reduction arrays: under the 48 KiB default
+// The keys live in dynamic shared memory when ceil(S / B) of them fit (the device's opt-in limit);
+// otherwise every pass computes them again from I (slower, only for very long rows). Block scores:
+// where B / 4 is a power of two <= 32 and the rows are 16-byte aligned, a warp reads 32 float4 in
+// one coalesced load and the B / 4 lanes of a block combine their maxima by shuffles (fmaxf from
+// -inf: the largest non-NaN value, or -inf); otherwise one thread per block reads it.
+#define CM_THREADS 1024
+#define CM_U 8                     // float4 loads in flight per thread (block-score pass)
+#define CM_HCOPIES 8               // histogram copies (lane % 8): fewer same-address atomics
+#define CM_HSTRIDE 257             // words between copies (the copies of one digit: other banks)
+#define CM_KEY_NEGINF 0x007fffffu  // g_cm_key(-inf), the smallest key
 
-// a ranks before b: larger v, or equal v and lower id (v never NaN here)
-__device__ __forceinline__ bool g_key_before(float av, int aid, float bv, int bid)
+// Order-preserving image of a non-NaN float (a > b as floats <=> key(a) > key(b); key(-0) = key(+0)).
+__device__ __forceinline__ uint32_t g_cm_key(float v)
 {
-    return av > bv || (av == bv && aid < bid);
+    uint32_t u = __float_as_uint(v);
+    if (v == 0.0f) u = 0u;
+    return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
 }
 
-// max of I over block b (s < Lc), with the pin
+// max of I over block b (s < Lc) by `v > mx ? v : mx` from -inf, with the pin
 __device__ __forceinline__ float g_block_score(const float *__restrict__ It, int b, int B, int Lc, int pin)
 {
     if (b == pin) return INFINITY;
@@ -281,12 +295,14 @@ __device__ __forceinline__ float g_block_score(const float *__restrict__ It, int
 
 __global__ void __launch_bounds__(CM_THREADS)
     g_cand_mask_kernel(const float *__restrict__ I, const int32_t *__restrict__ Lc_, const int32_t *__restrict__ pos,
-                       int S, int m, int B, int kb_max, int use_smem, uint8_t *__restrict__ mask)
+                       int S, int m, int B, int kb_max, int use_smem, int vec, uint8_t *__restrict__ mask)
 {
-    extern __shared__ float cm_bs[];   // [ceil(S/B)] when use_smem
-    __shared__ float red_v[CM_THREADS / 32];
-    __shared__ int red_id[CM_THREADS / 32];
-    __shared__ int red_n[CM_THREADS / 32];
+    extern __shared__ uint32_t cm_key[];   // [ceil(S/B)] when use_smem
+    __shared__ uint32_t hist[CM_HCOPIES * CM_HSTRIDE];
+    __shared__ uint32_t hcnt[256 + 32];   // digit d at d + d / 8 (warp 0's reads: no bank conflicts)
+    __shared__ uint32_t s_dig, s_rem;
+    __shared__ int s_nval, s_thr_id;
+    __shared__ int s_wcnt[CM_THREADS / 32];
     const int t = blockIdx.x, tid = threadIdx.x, lane = tid & 31, wid = tid >> 5;
     const float *It = I + (int64_t)t * S;
     uint8_t *mk = mask + (int64_t)t * S;
@@ -301,68 +317,172 @@ __global__ void __launch_bounds__(CM_THREADS)
         if (last < nb) pin = last;
     }
     const int kb = kb_max < nb ? kb_max : nb;
+    if (tid == 0) { s_nval = 0; s_thr_id = -1; }
+    __syncthreads();
 
-    // block scores (shared) and the number of blocks with bs > -inf
+    // block keys (shared memory) and the number of blocks with bs > -inf
     int nval = 0;
-    for (int b = tid; b < nb; b += CM_THREADS) {
-        const float v = g_block_score(It, b, B, Lc, pin);
-        if (use_smem) cm_bs[b] = v;
-        nval += v > -INFINITY;
+    if (use_smem && vec) {
+        const int g = B >> 2;                       // lanes per block: a power of two <= 32
+        const int nq = nb * g;                      // float4 slots of the nb blocks
+        const float4 *I4 = reinterpret_cast<const float4 *>(It);
+        for (int q0 = 0; q0 < nq; q0 += CM_THREADS * CM_U) {   // uniform: every lane shuffles
+            float mx[CM_U];
+#pragma unroll
+            for (int u = 0; u < CM_U; u++) {
+                const int q = q0 + u * CM_THREADS + tid;
+                const int64_t s = 4 * (int64_t)q;
+                float4 v = make_float4(-INFINITY, -INFINITY, -INFINITY, -INFINITY);
+                if (q < nq && s < Lc) v = __ldg(I4 + q);   // s < Lc <= S, S % 4 == 0: the float4 is in the row
+                float a = -INFINITY;
+                if (s + 0 < Lc) a = fmaxf(a, v.x);
+                if (s + 1 < Lc) a = fmaxf(a, v.y);
+                if (s + 2 < Lc) a = fmaxf(a, v.z);
+                if (s + 3 < Lc) a = fmaxf(a, v.w);
+                mx[u] = a;
+            }
+#pragma unroll
+            for (int u = 0; u < CM_U; u++)
+                for (int o = 1; o < g; o <<= 1) mx[u] = fmaxf(mx[u], __shfl_xor_sync(0xffffffffu, mx[u], o));
+#pragma unroll
+            for (int u = 0; u < CM_U; u++) {
+                const int q = q0 + u * CM_THREADS + tid;
+                if (q < nq && (lane & (g - 1)) == 0) {
+                    const int b = q / g;
+                    const uint32_t key = g_cm_key(b == pin ? INFINITY : mx[u]);
+                    cm_key[b] = key;
+                    nval += key > CM_KEY_NEGINF;
+                }
+            }
+        }
+    } else {
+        for (int b = tid; b < nb; b += CM_THREADS) {
+            const uint32_t key = g_cm_key(g_block_score(It, b, B, Lc, pin));
+            if (use_smem) cm_key[b] = key;
+            nval += key > CM_KEY_NEGINF;
+        }
     }
     for (int o = 16; o > 0; o >>= 1) nval += __shfl_xor_sync(0xffffffffu, nval, o);
-    if (lane == 0) red_n[wid] = nval;
-    __syncthreads();   // also publishes cm_bs
-    nval = 0;
-    for (int w = 0; w < CM_THREADS / 32; w++) nval += red_n[w];
+    if (lane == 0 && nval) atomicAdd(&s_nval, nval);
+    __syncthreads();   // also publishes cm_key
+    nval = s_nval;
+    // key of block b (b < nb)
+    auto key_of = [&](int b) -> uint32_t {
+        return use_smem ? cm_key[b] : g_cm_key(g_block_score(It, b, B, Lc, pin));
+    };
 
-    // threshold key: the kb-th best (rounds of argmax among the keys ranked after the last)
-    float thr_v = -INFINITY;
-    int thr_id = 0x7fffffff;   // with kb >= nval: every block with bs > -inf ranks at or above it
-    if (kb > 0 && kb < nval) {
-        float last_v = INFINITY;
-        int last_id = -1;      // ranks before every key
-        for (int r = 0; r < kb; r++) {
-            float bv = -INFINITY;
-            int bid = 0x7fffffff;   // "none": ranks after every real key
-            for (int b = tid; b < nb; b += CM_THREADS) {
-                const float v = use_smem ? cm_bs[b] : g_block_score(It, b, B, Lc, pin);
-                if (g_key_before(last_v, last_id, v, b) && g_key_before(v, b, bv, bid)) { bv = v; bid = b; }
-            }
-            for (int o = 16; o > 0; o >>= 1) {
-                const float ov = __shfl_xor_sync(0xffffffffu, bv, o);
-                const int oid = __shfl_xor_sync(0xffffffffu, bid, o);
-                if (g_key_before(ov, oid, bv, bid)) { bv = ov; bid = oid; }
-            }
-            __syncthreads();   // the previous round's red_v/red_id reads are done
-            if (lane == 0) { red_v[wid] = bv; red_id[wid] = bid; }
+    // threshold (thr, thr_id): chosen(b) = key(b) > thr || (key(b) == thr && b <= thr_id)
+    uint32_t thr = 0xffffffffu;   // kb <= 0: nothing (no key reaches it)
+    int thr_id = -1;
+    if (kb > 0 && kb >= nval) {
+        thr = CM_KEY_NEGINF;      // every block with bs > -inf
+    } else if (kb > 0) {
+        // radix select of the kb-th largest key; rem: its rank among the keys matching prefix
+        uint32_t prefix = 0, pmask = 0, rem = (uint32_t)kb;
+        for (int shift = 24; shift >= 0; shift -= 8) {
+            for (int i = tid; i < CM_HCOPIES * CM_HSTRIDE; i += CM_THREADS) hist[i] = 0;
             __syncthreads();
-            bv = red_v[0];
-            bid = red_id[0];
-            for (int w = 1; w < CM_THREADS / 32; w++)
-                if (g_key_before(red_v[w], red_id[w], bv, bid)) { bv = red_v[w]; bid = red_id[w]; }
-            last_v = bv;
-            last_id = bid;
+            uint32_t *hc = hist + (tid & (CM_HCOPIES - 1)) * CM_HSTRIDE;
+            for (int b = tid; b < nb; b += CM_THREADS) {
+                const uint32_t key = key_of(b);
+                if ((key & pmask) == prefix) atomicAdd(hc + ((key >> shift) & 255u), 1u);
+            }
+            __syncthreads();
+            if (tid < 256) {
+                uint32_t x = 0;
+#pragma unroll
+                for (int cp = 0; cp < CM_HCOPIES; cp++) x += hist[cp * CM_HSTRIDE + tid];
+                hcnt[tid + (tid >> 3)] = x;
+            }
+            __syncthreads();
+            if (wid == 0) {   // lane l: digits 255 - 8l - i, i = 0..7 (from the top)
+                uint32_t c[8], tot = 0;
+#pragma unroll
+                for (int i = 0; i < 8; i++) {
+                    const int d = 255 - 8 * lane - i;
+                    c[i] = hcnt[d + (d >> 3)];
+                    tot += c[i];
+                }
+                uint32_t inc = tot;   // inclusive prefix over the lanes (higher digits first)
+                for (int o = 1; o < 32; o <<= 1) {
+                    const uint32_t y = __shfl_up_sync(0xffffffffu, inc, o);
+                    if (lane >= o) inc += y;
+                }
+                const uint32_t ex = inc - tot;
+                if (ex < rem && rem <= inc) {   // exactly one lane
+                    uint32_t r = rem - ex;
+#pragma unroll
+                    for (int i = 0; i < 8; i++) {
+                        if (r <= c[i]) { s_dig = (uint32_t)(255 - 8 * lane - i); s_rem = r; break; }
+                        r -= c[i];
+                    }
+                }
+            }
+            __syncthreads();
+            prefix |= s_dig << shift;
+            pmask |= 255u << shift;
+            rem = s_rem;
         }
-        thr_v = last_v;
-        thr_id = last_id;
+        thr = prefix;
+        // the rem-th block with key == thr in id order: tiles of CM_THREADS ids
+        const int need = (int)rem;
+        int run = 0;
+        for (int base = 0; base < nb; base += CM_THREADS) {
+            const int b = base + tid;
+            const bool eq = b < nb && key_of(b) == thr;
+            const int c = __syncthreads_count(eq);
+            if (run + c >= need) {   // uniform
+                const unsigned bal = __ballot_sync(0xffffffffu, eq);
+                if (lane == 0) s_wcnt[wid] = __popc(bal);
+                __syncthreads();
+                int pre = run;
+                for (int w = 0; w < wid; w++) pre += s_wcnt[w];
+                pre += __popc(bal & ((1u << lane) - 1u));
+                if (eq && pre == need - 1) s_thr_id = b;
+                __syncthreads();
+                break;
+            }
+            run += c;
+        }
+        thr_id = s_thr_id;
     }
-    const bool none = kb <= 0;
+    auto chosen = [&](uint32_t key, int b) -> bool { return key > thr || (key == thr && b <= thr_id); };
 
     // the mask: 1 for s < Lc in a chosen block, 0 elsewhere in [0, S)
     if (use_smem) {
-        for (int s = tid; s < S; s += CM_THREADS) {
+        int s_done = 0;
+        if ((reinterpret_cast<uintptr_t>(mk) & 15) == 0) {   // 16 bytes a thread
+            const int nv = S >> 4;
+            for (int c = tid; c < nv; c += CM_THREADS) {
+                const int s0 = c << 4;
+                uint32_t w[4] = {0u, 0u, 0u, 0u};
+                if (s0 < Lc) {
+                    int b = s0 / B, r = s0 - b * B;
+                    bool o = chosen(cm_key[b], b);
+#pragma unroll
+                    for (int j = 0; j < 16; j++) {
+                        if (s0 + j < Lc) {
+                            if (r == B) { b++; r = 0; o = chosen(cm_key[b], b); }
+                            if (o) w[j >> 2] |= 1u << ((j & 3) * 8);
+                            r++;
+                        }
+                    }
+                }
+                reinterpret_cast<uint4 *>(mk)[c] = make_uint4(w[0], w[1], w[2], w[3]);
+            }
+            s_done = nv << 4;
+        }
+        for (int s = s_done + tid; s < S; s += CM_THREADS) {
             uint8_t o = 0;
-            if (s < Lc && !none) {
+            if (s < Lc) {
                 const int b = s / B;
-                const float v = cm_bs[b];
-                o = (v > -INFINITY && !g_key_before(thr_v, thr_id, v, b)) ? 1 : 0;
+                o = chosen(cm_key[b], b) ? 1 : 0;
             }
             mk[s] = o;
         }
     } else {
         for (int b = tid; b < nb; b += CM_THREADS) {
-            const float v = g_block_score(It, b, B, Lc, pin);
-            const uint8_t o = (!none && v > -INFINITY && !g_key_before(thr_v, thr_id, v, b)) ? 1 : 0;
+            const uint8_t o = chosen(key_of(b), b) ? 1 : 0;
             const int e = (int)min((int64_t)(b + 1) * B, (int64_t)Lc);
             for (int s = b * B; s < e; s++) mk[s] = o;
         }
@@ -375,10 +495,42 @@ extern "C" int v41g_cand_mask(const float *I, const int32_t *Lc_, const int32_t 
 {
     if (T <= 0 || S <= 0) return 0;
     if (m <= 0 || B <= 0) return (int)cudaErrorInvalidValue;
+    // shared memory: the keys when they fit the device's opt-in limit (beyond the default 48 KiB the
+    // kernel's limit is raised, as k_attn.cu does; a function attribute, allowed during a capture)
+    static int optin_cache[16];   // per device (host memory; the same value from every thread)
+    static size_t static_sm = 0;  // the kernel's static shared memory
+    int dev = 0, optin = 48 * 1024;
+    if (cudaGetDevice(&dev) != cudaSuccess) {
+        cudaGetLastError();
+        dev = -1;
+    }
+    if (dev >= 0 && dev < 16 && optin_cache[dev] > 0) optin = optin_cache[dev];
+    else if (dev >= 0) {
+        if (cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev) == cudaSuccess) {
+            if (dev < 16) optin_cache[dev] = optin;
+        } else {
+            cudaGetLastError();
+            optin = 48 * 1024;
+        }
+    }
+    size_t ssm = static_sm;
+    if (!ssm) {
+        cudaFuncAttributes fa;
+        if (cudaFuncGetAttributes(&fa, g_cand_mask_kernel) == cudaSuccess) ssm = static_sm = fa.sharedSizeBytes;
+        else {
+            cudaGetLastError();
+            ssm = 16 * 1024;   // (more than the static arrays: a conservative choice of the path)
+        }
+    }
     const size_t nbmax = ((size_t)S + B - 1) / B;
-    const int use_smem = nbmax * sizeof(float) <= CM_SMEM_MAX;
-    const size_t sm = use_smem ? nbmax * sizeof(float) : 0;
-    g_cand_mask_kernel<<<T, CM_THREADS, sm, G_STREAM(s)>>>(I, Lc_, pos, S, m, B, kb_max, use_smem, mask);
+    const int use_smem = nbmax * sizeof(uint32_t) + ssm + 1024 <= (size_t)optin;   // (+1 KiB reserve)
+    const size_t sm = use_smem ? nbmax * sizeof(uint32_t) : 0;
+    const int g = B / 4;
+    const int vec = B % 4 == 0 && g <= 32 && (g & (g - 1)) == 0 && S % 4 == 0 &&
+                    (reinterpret_cast<uintptr_t>(I) & 15) == 0;
+    if (sm + ssm > 48 * 1024)
+        G_CHECK(cudaFuncSetAttribute(g_cand_mask_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sm));
+    g_cand_mask_kernel<<<T, CM_THREADS, sm, G_STREAM(s)>>>(I, Lc_, pos, S, m, B, kb_max, use_smem, vec, mask);
     G_LAUNCHED();
     return 0;
 }

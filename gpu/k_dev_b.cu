@@ -36,123 +36,149 @@ __device__ __forceinline__ float db_rsqrt_stat(double s, int n, float eps)
 }
 
 // ------------------------------------------------------------------ rms_scale
-// One block per row t: s = sum (double) of fp32 squares of X[t, 0..n), then
-// mixes[t, i] = mixes[t, i] * r (ref hc_mixes).
-__global__ void __launch_bounds__(DB_THREADS) db_rms_scale_kernel(const uint16_t *__restrict__ X, int n, float eps,
-                                                                  float *mixes, int mix)
+// One block per row t (up to 1024 threads, by n): s = sum (double) of fp32 squares of X[t, 0..n),
+// then mixes[t, i] = mixes[t, i] * r (ref hc_mixes). The row is read in 16-byte loads (8 bf16; a
+// head of < 8 elements up to the first 16-byte boundary, a tail of < 8 after the last), RS_U loads
+// in flight per thread. Each thread sums its elements in a fixed order and the block reduction
+// (g_block_sum) has a fixed shape: the result is the same bits at every run (for one pointer and n).
+#define RS_MAXT 1024
+#define RS_U 4
+__device__ __forceinline__ double db_sq8(uint4 v)
+{   // the squares of the 8 bf16 of v, summed in double in element order
+    const uint32_t w[4] = {v.x, v.y, v.z, v.w};
+    double s = 0.0;
+#pragma unroll
+    for (int k = 0; k < 4; k++) {
+        const float lo = __uint_as_float(w[k] << 16), hi = __uint_as_float(w[k] & 0xffff0000u);
+        s += (double)__fmul_rn(lo, lo);
+        s += (double)__fmul_rn(hi, hi);
+    }
+    return s;
+}
+__global__ void __launch_bounds__(RS_MAXT) db_rms_scale_kernel(const uint16_t *__restrict__ X, int n, float eps,
+                                                               float *mixes, int mix)
 {
     __shared__ double sh[32];
-    const int t = blockIdx.x;
+    const int t = blockIdx.x, tid = threadIdx.x, nt = blockDim.x;
     const uint16_t *x = X + (size_t)t * n;
+    // elements before the first 16-byte boundary (x is 2-byte aligned)
+    int head = (int)(((16u - (uint32_t)(reinterpret_cast<uintptr_t>(x) & 15u)) & 15u) >> 1);
+    if (head > n) head = n;
+    const int nv = (n - head) >> 3;
+    const uint4 *x4 = reinterpret_cast<const uint4 *>(x + head);
     double s = 0.0;
-    for (int i = threadIdx.x; i < n; i += blockDim.x) {
-        float f = g_bf2f(x[i]);
+    for (int q = tid; q < nv; q += nt * RS_U) {
+        uint4 v[RS_U];
+#pragma unroll
+        for (int u = 0; u < RS_U; u++) v[u] = q + u * nt < nv ? __ldg(x4 + q + u * nt) : make_uint4(0u, 0u, 0u, 0u);
+#pragma unroll
+        for (int u = 0; u < RS_U; u++) s += db_sq8(v[u]);   // zero padding adds +0
+    }
+    if (tid < head) {
+        const float f = g_bf2f(x[tid]);
+        s += (double)__fmul_rn(f, f);
+    }
+    for (int i = head + nv * 8 + tid; i < n; i += nt) {
+        const float f = g_bf2f(x[i]);
         s += (double)__fmul_rn(f, f);
     }
     s = g_block_sum(s, sh);
-    float r = db_rsqrt_stat(s, n, eps);
+    const float r = db_rsqrt_stat(s, n, eps);
     float *m = mixes + (size_t)t * mix;
-    for (int i = threadIdx.x; i < mix; i += blockDim.x) m[i] = __fmul_rn(m[i], r);
+    for (int i = tid; i < mix; i += nt) m[i] = __fmul_rn(m[i], r);
 }
 
 extern "C" int v41g_rms_scale(const uint16_t *X, int T, int n, float eps, float *mixes, int mix, v41g_stream s)
 {
     if (T <= 0 || mix <= 0) return 0;
-    db_rms_scale_kernel<<<(unsigned)T, DB_THREADS, 0, G_STREAM(s)>>>(X, n, eps, mixes, mix);
+    // about 2 16-byte loads a thread, 64..1024 threads
+    int th = (int)(((int64_t)(n > 0 ? n : 0) + 15) / 16);
+    th = (th + 31) / 32 * 32;
+    th = th < 64 ? 64 : th > RS_MAXT ? RS_MAXT : th;
+    db_rms_scale_kernel<<<(unsigned)T, th, 0, G_STREAM(s)>>>(X, n, eps, mixes, mix);
     G_LAUNCHED();
     return 0;
 }
 
 // ------------------------------------------------------------------ sinkhorn
-// ref's ROWNORM / COLNORM: each sum in index order, every element divided by (sum + eps).
+// v41_hc_split_sinkhorn with rows_last = false, operation for operation: the comb softmax per row
+// (max by '>' from -inf, expf, sum in j order, c / sum + eps), one column normalisation, then
+// iters - 1 times (rows, columns) (with iters <= 0 the single column normalisation, as in ref).
+// Each sum runs sequentially in index order from +0 and every element is divided by (sum + eps).
+//
+// H * H lanes per token (a shuffle segment of width H * H), lane e = i * H + j holds c[i][j]; every
+// lane of row i (column j) forms the row (column) sum itself from the shuffled entries, in the same
+// order, so every entry sees the same bits as in a sequential loop. pre / post: lanes e < 2H (for
+// H = 1, the one lane does both). Lanes past T compute on row T - 1 and write nothing (all lanes
+// take part in the shuffles).
+#define SK_THREADS 128
 template <int H>
-__device__ __forceinline__ void db_rownorm(float (&c)[H][H], float eps)
+__global__ void __launch_bounds__(SK_THREADS) db_sinkhorn_kernel(const float *__restrict__ mixes,
+                                                                 const float *__restrict__ sc,
+                                                                 const float *__restrict__ base, int T, int iters,
+                                                                 float eps, float *pre, float *post, float *comb)
 {
-#pragma unroll
-    for (int i = 0; i < H; i++) {
-        float sum = 0.0f;
-#pragma unroll
-        for (int j = 0; j < H; j++) sum = __fadd_rn(sum, c[i][j]);
-        const float d = __fadd_rn(sum, eps);
-#pragma unroll
-        for (int j = 0; j < H; j++) c[i][j] = __fdiv_rn(c[i][j], d);
-    }
-}
-template <int H>
-__device__ __forceinline__ void db_colnorm(float (&c)[H][H], float eps)
-{
-#pragma unroll
-    for (int j = 0; j < H; j++) {
-        float sum = 0.0f;
-#pragma unroll
-        for (int i = 0; i < H; i++) sum = __fadd_rn(sum, c[i][j]);
-        const float d = __fadd_rn(sum, eps);
-#pragma unroll
-        for (int i = 0; i < H; i++) c[i][j] = __fdiv_rn(c[i][j], d);
-    }
-}
-
-// One thread per token; v41_hc_split_sinkhorn with rows_last = false, operation for
-// operation: the comb softmax per row (max by '>' from -inf, expf, sum in j order,
-// c / sum + eps), one column normalisation, then iters - 1 times (rows, columns)
-// (with iters <= 0 the single column normalisation, as in ref).
-template <int H>
-__global__ void db_sinkhorn_kernel(const float *__restrict__ mixes, const float *__restrict__ sc,
-                                   const float *__restrict__ base, int T, int iters, float eps, float *pre,
-                                   float *post, float *comb)
-{
-    constexpr int NM = (2 + H) * H;
-    const int t = blockIdx.x * blockDim.x + threadIdx.x;
-    if (t >= T) return;
+    constexpr int HH = H * H, NM = (2 + H) * H;
+    const int gt = blockIdx.x * blockDim.x + threadIdx.x;
+    const int tk = gt / HH, e = gt % HH, i = e / H, j = e % H;
+    const bool live = tk < T;
+    const int t = live ? tk : T - 1;
     const float *m = mixes + (size_t)t * NM;
     const float s0 = sc[0], s1 = sc[1], s2 = sc[2];
-#pragma unroll
-    for (int i = 0; i < H; i++) {
-        pre[(size_t)t * H + i] = __fadd_rn(db_sigmoid(__fadd_rn(__fmul_rn(m[i], s0), base[i])), eps);
-        post[(size_t)t * H + i] = __fmul_rn(2.0f, db_sigmoid(__fadd_rn(__fmul_rn(m[H + i], s1), base[H + i])));
-    }
-    float c[H][H];
-#pragma unroll
-    for (int i = 0; i < H; i++)
-#pragma unroll
-        for (int j = 0; j < H; j++) c[i][j] = __fadd_rn(__fmul_rn(m[2 * H + i * H + j], s2), base[2 * H + i * H + j]);
-#pragma unroll
-    for (int i = 0; i < H; i++) {
-        float mx = -INFINITY;
-#pragma unroll
-        for (int j = 0; j < H; j++) mx = c[i][j] > mx ? c[i][j] : mx;
-        float sum = 0.0f;
-#pragma unroll
-        for (int j = 0; j < H; j++) {
-            c[i][j] = g_expf_ref(__fsub_rn(c[i][j], mx));
-            sum = __fadd_rn(sum, c[i][j]);
+    for (int q = e; q < 2 * H; q += HH) {
+        if (q < H) {
+            const float v = __fadd_rn(db_sigmoid(__fadd_rn(__fmul_rn(m[q], s0), base[q])), eps);
+            if (live) pre[(size_t)t * H + q] = v;
+        } else {
+            const int k = q - H;
+            const float v = __fmul_rn(2.0f, db_sigmoid(__fadd_rn(__fmul_rn(m[H + k], s1), base[H + k])));
+            if (live) post[(size_t)t * H + k] = v;
         }
-#pragma unroll
-        for (int j = 0; j < H; j++) c[i][j] = __fadd_rn(__fdiv_rn(c[i][j], sum), eps);
     }
-    db_colnorm<H>(c, eps);
+    float c = __fadd_rn(__fmul_rn(m[2 * H + e], s2), base[2 * H + e]);
+    // row softmax
+    float mx = -INFINITY;
+#pragma unroll
+    for (int jj = 0; jj < H; jj++) {
+        const float v = __shfl_sync(0xffffffffu, c, i * H + jj, HH);
+        mx = v > mx ? v : mx;
+    }
+    c = g_expf_ref(__fsub_rn(c, mx));
+    float sum = 0.0f;
+#pragma unroll
+    for (int jj = 0; jj < H; jj++) sum = __fadd_rn(sum, __shfl_sync(0xffffffffu, c, i * H + jj, HH));
+    c = __fadd_rn(__fdiv_rn(c, sum), eps);
+    // column normalisation, then iters - 1 times (rows, columns)
+    sum = 0.0f;
+#pragma unroll
+    for (int ii = 0; ii < H; ii++) sum = __fadd_rn(sum, __shfl_sync(0xffffffffu, c, ii * H + j, HH));
+    c = __fdiv_rn(c, __fadd_rn(sum, eps));
     for (int it = 0; it < iters - 1; it++) {
-        db_rownorm<H>(c, eps);
-        db_colnorm<H>(c, eps);
+        sum = 0.0f;
+#pragma unroll
+        for (int jj = 0; jj < H; jj++) sum = __fadd_rn(sum, __shfl_sync(0xffffffffu, c, i * H + jj, HH));
+        c = __fdiv_rn(c, __fadd_rn(sum, eps));
+        sum = 0.0f;
+#pragma unroll
+        for (int ii = 0; ii < H; ii++) sum = __fadd_rn(sum, __shfl_sync(0xffffffffu, c, ii * H + j, HH));
+        c = __fdiv_rn(c, __fadd_rn(sum, eps));
     }
-    float *o = comb + (size_t)t * H * H;
-#pragma unroll
-    for (int i = 0; i < H; i++)
-#pragma unroll
-        for (int j = 0; j < H; j++) o[i * H + j] = c[i][j];
+    if (live) comb[(size_t)t * HH + e] = c;
 }
 
 extern "C" int v41g_sinkhorn(const float *mixes, const float *scale3, const float *base, int T, int h, int iters,
                              float eps, float *pre, float *post, float *comb, v41g_stream s)
 {
     if (T <= 0) return 0;
-    const unsigned g = (unsigned)((T + 63) / 64);
+    if (h != 1 && h != 2 && h != 4) return (int)cudaErrorInvalidValue;
+    const unsigned g = (unsigned)(((int64_t)T * h * h + SK_THREADS - 1) / SK_THREADS);
     cudaStream_t st = G_STREAM(s);
     switch (h) {
-    case 1: db_sinkhorn_kernel<1><<<g, 64, 0, st>>>(mixes, scale3, base, T, iters, eps, pre, post, comb); break;
-    case 2: db_sinkhorn_kernel<2><<<g, 64, 0, st>>>(mixes, scale3, base, T, iters, eps, pre, post, comb); break;
-    case 4: db_sinkhorn_kernel<4><<<g, 64, 0, st>>>(mixes, scale3, base, T, iters, eps, pre, post, comb); break;
-    default: return (int)cudaErrorInvalidValue;
+    case 1: db_sinkhorn_kernel<1><<<g, SK_THREADS, 0, st>>>(mixes, scale3, base, T, iters, eps, pre, post, comb); break;
+    case 2: db_sinkhorn_kernel<2><<<g, SK_THREADS, 0, st>>>(mixes, scale3, base, T, iters, eps, pre, post, comb); break;
+    default:
+        db_sinkhorn_kernel<4><<<g, SK_THREADS, 0, st>>>(mixes, scale3, base, T, iters, eps, pre, post, comb);
+        break;
     }
     G_LAUNCHED();
     return 0;
@@ -230,57 +256,139 @@ extern "C" int v41g_engram_gate(const uint16_t *kv, const float *wq, int T, int 
 // ------------------------------------------------------------------ argmax
 // ref argmax_f: b = 0; for i = 1..n-1: if (x[i] > x[b]) b = i. With NaNs that is:
 // 0 when x[0] is NaN (nothing compares greater than NaN), otherwise the first index
-// of the largest non-NaN value (a NaN x[i] never wins). One block per row: each
-// thread keeps its first best non-NaN (value, index), then a (value desc, index asc)
-// reduction.
+// of the largest non-NaN value (a NaN x[i] never wins).
+//
+// Each row is split over `splits` CTAs (chunks of a multiple of 4 elements, so float4 loads when
+// the rows are 16-byte aligned, AM_U of them in flight per thread). Each thread keeps its first
+// best non-NaN (value, index) (it visits its indices in increasing order), the CTA reduces them by
+// (value desc, index asc) and writes its candidate (index -1: none) to a scratch pair; a second
+// kernel reduces a row's candidates the same way and applies the x[0] rule. With one split the
+// first kernel writes the result itself.
+#define AM_THREADS 256
+#define AM_U 4
+#define AM_MIN_CHUNK 2048   // elements per CTA at least
 __device__ __forceinline__ bool db_better(float v, int i, float bv, int bi)
 {   // candidate (v, i) beats (bv, bi); i < 0 / bi < 0: no candidate
     if (i < 0) return false;
     if (bi < 0) return true;
     return v > bv || (v == bv && i < bi);
 }
-__global__ void __launch_bounds__(DB_THREADS) db_argmax_kernel(const float *__restrict__ X, int V,
-                                                               int32_t *__restrict__ out)
+__device__ __forceinline__ void db_take(float v, int i, float &bv, int &bi)
+{   // i is larger than every index seen before
+    if (!isnan(v) && (bi < 0 || v > bv)) { bv = v; bi = i; }
+}
+__device__ __forceinline__ void db_warp_best(float &bv, int &bi)
 {
-    __shared__ float sv[32];
-    __shared__ int si[32];
-    const int t = blockIdx.x;
-    const float *x = X + (size_t)t * V;
-    float bv = -INFINITY;
-    int bi = -1;
-    for (int i = threadIdx.x; i < V; i += blockDim.x) {
-        const float v = x[i];
-        if (!isnan(v) && (bi < 0 || v > bv)) { bv = v; bi = i; }
-    }
     for (int o = 16; o > 0; o >>= 1) {
         const float ov = __shfl_xor_sync(0xffffffffu, bv, o);
         const int oi = __shfl_xor_sync(0xffffffffu, bi, o);
         if (db_better(ov, oi, bv, bi)) { bv = ov; bi = oi; }
     }
-    const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, nw = blockDim.x >> 5;
+}
+__global__ void __launch_bounds__(AM_THREADS) db_argmax_kernel(const float *__restrict__ X, int V, int splits,
+                                                               int chunk, int vec, float *__restrict__ pv,
+                                                               int *__restrict__ pi, int32_t *__restrict__ out)
+{
+    __shared__ float sv[32];
+    __shared__ int si[32];
+    const int t = blockIdx.x / splits, sp = blockIdx.x % splits, tid = threadIdx.x;
+    const float *x = X + (size_t)t * V;
+    const int c0 = sp * chunk, c1 = (int)min((int64_t)c0 + chunk, (int64_t)V);
+    float bv = -INFINITY;
+    int bi = -1;
+    if (vec) {   // V % 4 == 0 and chunk % 4 == 0: [c0, c1) is whole float4s
+        const float4 *x4 = reinterpret_cast<const float4 *>(x);
+        const int q0 = c0 >> 2, q1 = c1 >> 2;
+        for (int q = q0 + tid; q < q1; q += AM_THREADS * AM_U) {
+            float4 v[AM_U];
+#pragma unroll
+            for (int u = 0; u < AM_U; u++)
+                v[u] = q + u * AM_THREADS < q1 ? __ldg(x4 + q + u * AM_THREADS) : make_float4(NAN, NAN, NAN, NAN);
+#pragma unroll
+            for (int u = 0; u < AM_U; u++) {
+                const int i = 4 * (q + u * AM_THREADS);
+                db_take(v[u].x, i, bv, bi);
+                db_take(v[u].y, i + 1, bv, bi);
+                db_take(v[u].z, i + 2, bv, bi);
+                db_take(v[u].w, i + 3, bv, bi);
+            }
+        }
+    } else {
+        for (int i = c0 + tid; i < c1; i += AM_THREADS) db_take(x[i], i, bv, bi);
+    }
+    db_warp_best(bv, bi);
+    const int lane = tid & 31, w = tid >> 5;
     if (lane == 0) { sv[w] = bv; si[w] = bi; }
     __syncthreads();
     if (w == 0) {
-        bv = lane < nw ? sv[lane] : -INFINITY;
-        bi = lane < nw ? si[lane] : -1;
-        for (int o = 16; o > 0; o >>= 1) {
-            const float ov = __shfl_xor_sync(0xffffffffu, bv, o);
-            const int oi = __shfl_xor_sync(0xffffffffu, bi, o);
-            if (db_better(ov, oi, bv, bi)) { bv = ov; bi = oi; }
+        bv = lane < AM_THREADS / 32 ? sv[lane] : -INFINITY;
+        bi = lane < AM_THREADS / 32 ? si[lane] : -1;
+        db_warp_best(bv, bi);
+        if (lane == 0) {
+            if (out) out[t] = (isnan(x[0]) || bi < 0) ? 0 : bi;
+            else { pv[blockIdx.x] = bv; pi[blockIdx.x] = bi; }
         }
-        if (lane == 0) out[t] = (V <= 0 || isnan(x[0]) || bi < 0) ? 0 : bi;
     }
+}
+// one warp per row: the best of its splits candidates
+__global__ void db_argmax_fin_kernel(const float *__restrict__ X, int T, int V, int splits,
+                                     const float *__restrict__ pv, const int *__restrict__ pi,
+                                     int32_t *__restrict__ out)
+{
+    const int t = (int)((blockIdx.x * (size_t)blockDim.x + threadIdx.x) >> 5), lane = threadIdx.x & 31;
+    if (t >= T) return;   // (whole warps)
+    float bv = -INFINITY;
+    int bi = -1;
+    for (int j = lane; j < splits; j += 32) {
+        const float v = pv[(size_t)t * splits + j];
+        const int i = pi[(size_t)t * splits + j];
+        if (db_better(v, i, bv, bi)) { bv = v; bi = i; }
+    }
+    db_warp_best(bv, bi);
+    if (lane == 0) out[t] = (isnan(X[(size_t)t * V]) || bi < 0) ? 0 : bi;
 }
 
 extern "C" int v41g_argmax_rows(const float *x, int T, int V, int32_t *out, v41g_stream s)
 {
     if (T <= 0) return 0;
+    cudaStream_t st = G_STREAM(s);
     if (V <= 0) {   // ref argmax_f(x, 0) = 0
-        G_CHECK(cudaMemsetAsync(out, 0, sizeof(int32_t) * (size_t)T, G_STREAM(s)));
+        G_CHECK(cudaMemsetAsync(out, 0, sizeof(int32_t) * (size_t)T, st));
         return 0;
     }
-    db_argmax_kernel<<<(unsigned)T, DB_THREADS, 0, G_STREAM(s)>>>(x, V, out);
-    G_LAUNCHED();
+    // about 4 CTAs per SM over all rows, at least AM_MIN_CHUNK elements each
+    int dev = 0, nsm = 132;
+    if (cudaGetDevice(&dev) != cudaSuccess ||
+        cudaDeviceGetAttribute(&nsm, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess) {
+        cudaGetLastError();
+        nsm = 132;
+    }
+    if (nsm < 1) nsm = 1;
+    int splits = (int)((4 * (int64_t)nsm + T - 1) / T);
+    int64_t chunk = ((int64_t)V + splits - 1) / splits;
+    if (chunk < AM_MIN_CHUNK) chunk = AM_MIN_CHUNK;
+    chunk = (chunk + 3) / 4 * 4;
+    splits = (int)(((int64_t)V + chunk - 1) / chunk);   // every split non-empty
+    const int vec = V % 4 == 0 && (reinterpret_cast<uintptr_t>(x) & 15) == 0;
+    const unsigned grid = (unsigned)((int64_t)T * splits);
+    if (splits == 1) {
+        db_argmax_kernel<<<grid, AM_THREADS, 0, st>>>(x, V, 1, (int)chunk, vec, NULL, NULL, out);
+        G_LAUNCHED();
+        return 0;
+    }
+    void *scratch = NULL;
+    G_CHECK(g_tmp_alloc(&scratch, (sizeof(float) + sizeof(int)) * (size_t)T * splits, st));
+    float *pv = (float *)scratch;
+    int *pi = (int *)(pv + (size_t)T * splits);
+    db_argmax_kernel<<<grid, AM_THREADS, 0, st>>>(x, V, splits, (int)chunk, vec, pv, pi, NULL);
+    cudaError_t e = cudaGetLastError();
+    if (e == cudaSuccess) {
+        db_argmax_fin_kernel<<<(unsigned)(((int64_t)T * 32 + 255) / 256), 256, 0, st>>>(x, T, V, splits, pv, pi, out);
+        e = cudaGetLastError();
+    }
+    cudaError_t f = cudaFreeAsync(scratch, st);
+    G_CHECK(e);
+    G_CHECK(f);
     return 0;
 }
 
@@ -348,20 +456,31 @@ extern "C" int v41g_swiglu(const uint16_t *h13, int n, int I, float L, const flo
 }
 
 // ------------------------------------------------------------------ MoE combine
-// One block per token. The choice order of ref moe(): a stable ascending sort of
-// idx[t, 0..k) (insertion sort there); here each choice j's place is its rank
-// #{j' : idx[j'] < idx[j] or (idx[j'] == idx[j] and j' < j)}, the same permutation.
-// Then per element: acc = 0; acc += ye[t*k + ord[r]] for r = 0..k-1; out = bf16(acc + sh)
-// (sh = shared or 0). out may alias shared (each element is read before it is written
-// by the same thread).
+// Grid: (column chunks of MC_THREADS threads) x tokens. The choice order of ref moe(): a stable
+// ascending sort of idx[t, 0..k) (insertion sort there); here each choice j's place is its rank
+// #{j' : idx[j'] < idx[j] or (idx[j'] == idx[j] and j' < j)}, the same permutation (each CTA forms
+// it for its token). Then per element: acc = 0; acc += ye[t*k + ord[r]] for r = 0..k-1; out =
+// bf16(acc + sh) (sh = shared or 0). Where D % 8 == 0 and the rows are 16-byte aligned, each
+// thread does 8 consecutive elements with 16-byte loads (4 expert rows in flight), otherwise one
+// element. out may alias shared (each element is read before it is written by the same thread).
 #define DB_COMBINE_KMAX 4096
-__global__ void __launch_bounds__(DB_THREADS) db_moe_combine_kernel(const uint16_t *__restrict__ ye,
+#define MC_THREADS 128
+__device__ __forceinline__ void db_add8(float (&acc)[8], uint4 v)
+{
+    const uint32_t w[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+    for (int q = 0; q < 4; q++) {
+        acc[2 * q] = __fadd_rn(acc[2 * q], __uint_as_float(w[q] << 16));
+        acc[2 * q + 1] = __fadd_rn(acc[2 * q + 1], __uint_as_float(w[q] & 0xffff0000u));
+    }
+}
+__global__ void __launch_bounds__(MC_THREADS) db_moe_combine_kernel(const uint16_t *__restrict__ ye,
                                                                     const int32_t *__restrict__ idx,
-                                                                    const uint16_t *shared, int k, int D,
-                                                                    uint16_t *out)
+                                                                    const uint16_t *shared, int k, int D, int nch,
+                                                                    int vec, uint16_t *out)
 {
     extern __shared__ int ord[];   // [k rounded up to a multiple of 4]
-    const int t = blockIdx.x;
+    const int t = blockIdx.x / nch, ch = blockIdx.x % nch;
     const int32_t *ix = idx + (size_t)t * k;
     for (int j = threadIdx.x; j < k; j += blockDim.x) {
         const int32_t e = ix[j];
@@ -374,7 +493,35 @@ __global__ void __launch_bounds__(DB_THREADS) db_moe_combine_kernel(const uint16
     }
     __syncthreads();
     const uint16_t *yt = ye + (size_t)t * k * D;
-    for (int d = threadIdx.x; d < D; d += blockDim.x) {
+    if (vec) {
+        const int d0 = (ch * MC_THREADS + threadIdx.x) * 8;
+        if (d0 >= D) return;
+        float acc[8];
+#pragma unroll
+        for (int q = 0; q < 8; q++) acc[q] = 0.0f;
+        for (int r0 = 0; r0 < k; r0 += 4) {
+            uint4 v[4];
+#pragma unroll
+            for (int u = 0; u < 4; u++)
+                if (r0 + u < k) v[u] = __ldg(reinterpret_cast<const uint4 *>(yt + (size_t)ord[r0 + u] * D + d0));
+#pragma unroll
+            for (int u = 0; u < 4; u++)
+                if (r0 + u < k) db_add8(acc, v[u]);
+        }
+        uint4 sv = make_uint4(0u, 0u, 0u, 0u);   // +0: acc + 0 as ref's acc + 0.0f
+        if (shared) sv = *reinterpret_cast<const uint4 *>(shared + (size_t)t * D + d0);
+        const uint32_t sw[4] = {sv.x, sv.y, sv.z, sv.w};
+        uint32_t ow[4];
+#pragma unroll
+        for (int q = 0; q < 4; q++) {
+            const uint32_t lo = g_f2bf(__fadd_rn(acc[2 * q], __uint_as_float(sw[q] << 16)));
+            const uint32_t hi = g_f2bf(__fadd_rn(acc[2 * q + 1], __uint_as_float(sw[q] & 0xffff0000u)));
+            ow[q] = lo | (hi << 16);
+        }
+        *reinterpret_cast<uint4 *>(out + (size_t)t * D + d0) = make_uint4(ow[0], ow[1], ow[2], ow[3]);
+    } else {
+        const int d = ch * MC_THREADS + threadIdx.x;
+        if (d >= D) return;
         float acc = 0.0f;
         for (int r = 0; r < k; r++) acc = __fadd_rn(acc, g_bf2f(yt[(size_t)ord[r] * D + d]));
         const float sh = shared ? g_bf2f(shared[(size_t)t * D + d]) : 0.0f;
@@ -390,7 +537,12 @@ extern "C" int v41g_moe_combine(const uint16_t *ye, const int32_t *idx, const ui
     // ord[] rounded up to 16 bytes: nvcc reads the tail of the r loop with one 16-byte
     // shared load (compute-sanitizer flags the bytes past k otherwise)
     const size_t smem = sizeof(int) * (((size_t)k + 3) & ~(size_t)3);
-    db_moe_combine_kernel<<<(unsigned)T, DB_THREADS, smem, G_STREAM(s)>>>(ye, idx, shared, k, D, out);
+    const int vec = D % 8 == 0 && (reinterpret_cast<uintptr_t>(ye) & 15) == 0 &&
+                    (reinterpret_cast<uintptr_t>(out) & 15) == 0 && (reinterpret_cast<uintptr_t>(shared) & 15) == 0;
+    const int per = vec ? 8 * MC_THREADS : MC_THREADS;
+    const int nch = (D + per - 1) / per;
+    db_moe_combine_kernel<<<(unsigned)((int64_t)T * nch), MC_THREADS, smem, G_STREAM(s)>>>(ye, idx, shared, k, D, nch,
+                                                                                          vec, out);
     G_LAUNCHED();
     return 0;
 }

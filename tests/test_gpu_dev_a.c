@@ -431,9 +431,15 @@ static const cm_case cm_cases[] = {
     {24, 37, 4, 5, 1000},   /* kb_max > nb everywhere */
     {12, 20, 4, 4, 0},      /* no block kept */
     {12, 5000, 4, 3, 100},  /* many blocks, many kept */
-    {6, 12000, 4, 1, 16},   /* ceil(S/B) too large for the shared-memory path */
+    {6, 12000, 4, 1, 16},   /* 12000 keys: more than 48 KiB of shared memory (opt-in limit) */
     {6, 70000, 4, 64, 8},
     {30, 9, 1, 16, 2},      /* Lc < B for every row, m = 1 */
+    {12, 65536, 1, 8, 2048},  /* the V4.1-Flash shape: 8192 blocks, radix select; ties (kind 1) */
+    {4, 70000, 4, 1, 300},    /* 70000 blocks: more keys than shared memory holds (keys recomputed) */
+    {8, 4096, 4, 128, 7},     /* 32 lanes per block (float4 path) */
+    {8, 4100, 2, 16, 40},     /* 4 lanes per block; mask rows not all 16-byte aligned */
+    {8, 8190, 2, 8, 100},     /* S % 4 != 0: one thread per block; misaligned mask rows */
+    {8, 3000, 2, 12, 50},     /* B % 4 == 0 but B / 4 not a power of two */
 };
 /* Row t: Lc by t % 8 (0, < B, S, not a multiple of B, ...), position by t % 3 (decode-consistent
  * L_raw = Lc, any L_raw <= Lc including 0, L_raw past the last block: no pin), values by (t/3) % 4
@@ -541,6 +547,138 @@ START_TEST(test_cand_mask_ties)
 }
 END_TEST
 
+/* The V4.1-Flash shape (S = 65536, B = 8: 8192 blocks, kb = 2048) with crafted rows: ties spanning
+ * the threshold, all -inf, kb >= the finite blocks, a pin among ties, -0 / +0 ties, +inf values
+ * tied with the pin, negative ties, a partial last block. Each row is also checked against what it
+ * must keep (independent of the CPU transcription). */
+START_TEST(test_cand_mask_radix)
+{
+    enum { T = 9, S = 65536, B = 8, NB = S / B, KB = 2048 };
+    const int m = 1;
+    rng_seed(70);
+    float *I = malloc(sizeof(float) * (size_t)T * S);
+    int32_t Lc[T], pos[T];
+    for (int t = 0; t < T; t++) { Lc[t] = S; pos[t] = 3 * S; }   /* Lraw = 3S + 1 > Lc: no pin */
+    for (int t = 0; t < T; t++)
+        for (int s = 0; s < S; s++) {
+            const int b = s / B, r = s % B;
+            float v;
+            switch (t) {
+            case 0: /* block maxima in {1, 2, 3} (about 2730 threes): the threshold falls inside the threes */
+                v = r == 3 ? (float)(1 + (b * 7919 % 3)) : -5.0f;
+                break;
+            case 1: v = -INFINITY; break;   /* nothing */
+            case 2: /* 1000 finite blocks (ids 7 * j), the others -inf: all 1000 kept */
+                v = (b % 7 == 0 && b / 7 < 1000) ? (r == 0 ? 0.5f * (float)rng_unit() : -3.0f) : -INFINITY;
+                break;
+            case 3: /* every block 0.25, pin on block 5000: keeps 5000 and ids 0..2046 */
+                v = r == 5 ? 0.25f : -1.0f;
+                break;
+            case 4: /* block maxima +0 or -0 (ties: they compare equal): ids 0..2047 */
+                v = r == 2 ? ((b * 31 + s) % 3 ? -0.0f : 0.0f) : -2.0f;
+                break;
+            case 5: /* +inf in 1500 blocks (ids 3 j), the pin on block 4001 (+inf too), ties among
+                     * 1.0 for the rest: keeps the 1500 +inf blocks, then the pin, then 547 of the 1.0s */
+                v = (b % 3 == 0 && b / 3 < 1500 && r == 7) ? INFINITY : r == 1 ? 1.0f : -7.0f;
+                break;
+            case 6: /* negative ties: block maxima -(b % 5) - 1 (1639 blocks at -1): threshold at -2 */
+                v = r == 4 ? -(float)(b % 5) - 1.0f : -100.0f;
+                break;
+            case 7: /* continuous values with NaN and -inf; Lc not a multiple of B or 16 */
+            {
+                const int q = rng_int(20);
+                v = q == 0 ? NAN : q == 1 ? -INFINITY : 4.0f * rng_unit();
+                break;
+            }
+            default: /* denormals and zeros of both signs: ties at tiny magnitudes */
+            {
+                const int q = rng_int(4);
+                v = q == 0 ? 1e-45f : q == 1 ? -1e-45f : q == 2 ? 3e-45f : -0.0f;   /* 1 and 2 ulps */
+                break;
+            }
+            }
+            I[(size_t)t * S + s] = v;
+        }
+    pos[3] = 5000 * B;              /* Lraw = 5000 B + 1: block 5000 */
+    pos[5] = 4001 * B + 3;          /* block 4001 */
+    Lc[7] = S - 13;
+    pos[7] = (S - 13) * m - 1;      /* decode-consistent: the pin on the last (partial) block */
+    uint8_t *want = malloc((size_t)T * S);
+    cpu_cand_mask(I, Lc, pos, T, S, m, B, KB, want);
+    /* what the rows must keep */
+    for (int t = 0; t < T; t++) {
+        const uint8_t *w = want + (size_t)t * S;
+        int n = 0;
+        for (int b = 0; b < NB; b++) n += w[b * B];
+        switch (t) {
+        case 0: {
+            int n3 = 0;
+            for (int b = 0; b < NB; b++) {
+                const int three = b * 7919 % 3 == 2;
+                ck_assert_int_eq(w[b * B], three && n3 < KB);
+                n3 += three;
+            }
+            ck_assert_int_gt(n3, KB);
+            break;
+        }
+        case 1: ck_assert_int_eq(n, 0); break;
+        case 2: ck_assert_int_eq(n, 1000); break;
+        case 3:
+            for (int b = 0; b < NB; b++) ck_assert_int_eq(w[b * B], b == 5000 || b < KB - 1);
+            break;
+        case 4:
+            for (int b = 0; b < NB; b++) ck_assert_int_eq(w[b * B], b < KB);
+            break;
+        case 5: {
+            int ones = 0;
+            for (int b = 0; b < NB; b++) {
+                const int inf = (b % 3 == 0 && b / 3 < 1500) || b == 4001;
+                if (inf) ck_assert_int_eq(w[b * B], 1);
+                else { ck_assert_int_eq(w[b * B], ones < KB - 1501); ones++; }
+            }
+            break;
+        }
+        case 6: {
+            int n2 = 0;
+            for (int b = 0; b < NB; b++) {
+                if (b % 5 == 0) ck_assert_int_eq(w[b * B], 1);
+                else if (b % 5 == 1) { ck_assert_int_eq(w[b * B], n2 < KB - 1639); n2++; }
+                else ck_assert_int_eq(w[b * B], 0);
+            }
+            break;
+        }
+        default: ck_assert_int_eq(n, KB); break;
+        }
+    }
+    float *dI = up(I, sizeof(float) * (size_t)T * S);
+    int32_t *dLc = up(Lc, sizeof Lc), *dpos = up(pos, sizeof pos);
+    uint8_t *dmask = dpoison((size_t)T * S);
+    ck_assert_int_eq(v41g_cand_mask(dI, dLc, dpos, T, S, m, B, KB, dmask, NULL), 0);
+    uint8_t *got = down(dmask, (size_t)T * S);
+    for (int t = 0; t < T; t++)
+        for (int s = 0; s < S; s++)
+            ck_assert_msg(got[(size_t)t * S + s] == want[(size_t)t * S + s],
+                          "row %d (Lc %d, p %d) s %d (block %d): got %d want %d", t, Lc[t], pos[t], s, s / B,
+                          got[(size_t)t * S + s], want[(size_t)t * S + s]);
+    /* again on the same inputs, kb = 1 and kb = nb - 1 (the extremes of the radix select) */
+    const int kbs[2] = {1, NB - 1};
+    for (int q = 0; q < 2; q++) {
+        cpu_cand_mask(I, Lc, pos, T, S, m, B, kbs[q], want);
+        ck_assert_int_eq(v41g_memset(dmask, 0xff, (size_t)T * S), 0);
+        ck_assert_int_eq(v41g_cand_mask(dI, dLc, dpos, T, S, m, B, kbs[q], dmask, NULL), 0);
+        uint8_t *g2 = down(dmask, (size_t)T * S);
+        for (int t = 0; t < T; t++)
+            for (int s = 0; s < S; s++)
+                ck_assert_msg(g2[(size_t)t * S + s] == want[(size_t)t * S + s],
+                              "kb %d row %d s %d (block %d): got %d want %d", kbs[q], t, s, s / B,
+                              g2[(size_t)t * S + s], want[(size_t)t * S + s]);
+        free(g2);
+    }
+    v41g_free(dI); v41g_free(dLc); v41g_free(dpos); v41g_free(dmask);
+    free(I); free(want); free(got);
+}
+END_TEST
+
 /* ------------------------------------------------------------ candidate apply */
 typedef struct { int T, S, ld_mask, cmax; } ca_case;
 static const ca_case ca_cases[] = {{5, 100, 60, 60},   /* cmax (= the mask width) < S */
@@ -613,6 +751,7 @@ static Suite *dev_a_suite(void)
     tcase_set_timeout(tc, 120);
     tcase_add_loop_test(tc, test_cand_mask, 0, (int)(sizeof cm_cases / sizeof cm_cases[0]));
     tcase_add_test(tc, test_cand_mask_ties);
+    tcase_add_test(tc, test_cand_mask_radix);
     tcase_add_loop_test(tc, test_cand_apply, 0, (int)(sizeof ca_cases / sizeof ca_cases[0]));
     suite_add_tcase(s, tc);
     return s;

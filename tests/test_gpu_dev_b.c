@@ -93,7 +93,10 @@ static const double F_ULP = 1.0 / 8388608.0;   /* one fp32 ulp, relative bound (
 
 /* ------------------------------------------------------------ rms_scale */
 /* {T, h, D}: n = h * D, mix = (2 + h) h */
-static const int rs_cases[][3] = {{3, 1, 64}, {5, 2, 100}, {4, 4, 1024}, {2, 4, 7168}, {1, 1, 1}};
+/* {64, 4, 5120}: the V4.1-Flash decode shape (n = 20480); n odd / not a multiple of 8: rows start
+ * at other 16-byte offsets (head, vector body and tail of the row) */
+static const int rs_cases[][3] = {{3, 1, 64},   {5, 2, 100},  {4, 4, 1024}, {2, 4, 7168}, {1, 1, 1},
+                                  {64, 4, 5120}, {5, 1, 20481}, {7, 1, 13},  {6, 2, 8193}, {9, 1, 7}};
 START_TEST(test_rms_scale)
 {
     const int T = rs_cases[_i][0], h = rs_cases[_i][1], D = rs_cases[_i][2];
@@ -119,17 +122,27 @@ START_TEST(test_rms_scale)
     /* the mean may differ by 1 ulp (double association) -> r by ~1 ulp -> the product by ~2 */
     check_f32("rms_scale", g, exp, nm, 0, 4 * F_ULP);
     ck_assert_mem_eq(g + nm, m + nm, 4 * pad);   /* nothing past T rows */
+    /* a fixed reduction order: the same bits at every run */
+    for (int rep = 0; rep < 2; rep++) {
+        float *dm2 = up(m, 4 * (nm + pad));
+        ck_assert_int_eq(v41g_rms_scale(dX, T, n, eps, dm2, mix, NULL), 0);
+        float *g2 = down(dm2, 4 * (nm + pad));
+        ck_assert_mem_eq(g2, g, 4 * (nm + pad));
+        v41g_free(dm2);
+        free(g2);
+    }
     v41g_free(dX); v41g_free(dm);
     free(X); free(m); free(exp); free(xf); free(g);
 }
 END_TEST
 
 /* ------------------------------------------------------------ sinkhorn */
-/* {h, iters} */
-static const int sk_cases[][2] = {{1, 20}, {2, 20}, {4, 20}, {4, 1}, {2, 3}, {4, 0}};
+/* {h, iters, T} (h * h lanes a token: T = 37 leaves part of the last block past T) */
+static const int sk_cases[][3] = {{1, 20, 37}, {2, 20, 37}, {4, 20, 37}, {4, 1, 37}, {2, 3, 37}, {4, 0, 37},
+                                  {4, 20, 64}, {4, 20, 1},  {1, 20, 300}, {2, 20, 33}};
 START_TEST(test_sinkhorn)
 {
-    const int h = sk_cases[_i][0], iters = sk_cases[_i][1], T = 37, mix = (2 + h) * h;
+    const int h = sk_cases[_i][0], iters = sk_cases[_i][1], T = sk_cases[_i][2], mix = (2 + h) * h;
     const float eps = 1e-6f;
     rng_seed(2000 + _i);
     float *m = rand_f32((size_t)T * mix, 2.0f), *base = rand_f32(mix, 1.0f), sc3[3];
@@ -240,13 +253,49 @@ static int argmax_f(const float *x, int n) /* ref/engine.c */
         if (x[i] > x[b]) b = i;
     return b;
 }
-/* {T, V} */
-static const int am_cases[][2] = {{4, 1000}, {3, 1}, {9, 777}, {8, 1000}, {2, 129280}, {5, 256}};
+/* Crafted rows for the vocabulary-sized cases (the row is split over several CTAs; the split is
+ * device dependent, so maxima are placed around many candidate boundaries), kind = t % 12. */
+static void am_craft(float *r, int V, int kind)
+{
+    const float nan = NAN, inf = INFINITY;
+    switch (kind) {
+    case 0: r[V - 1] = 10.0f; break;                                 /* the very last index */
+    case 1: r[0] = r[V / 2] = r[V - 1] = 10.0f; break;               /* index 0 */
+    case 2: /* duplicated maxima on both sides of multiples of 2048, 4096, 14368 (T = 64 on 132 SMs) */
+        for (int j = 1; 2048 * j + 1 < V; j++) r[2048 * j - 1] = r[2048 * j] = r[2048 * j + 1] = 9.0f;
+        for (int j = 1; 14368 * j + 1 < V; j++) r[14368 * j - 1] = r[14368 * j + 1] = 9.0f;
+        break;
+    case 3: /* ties at random places in the second half, the first one anywhere there */
+        for (int q = 0; q < 40; q++) r[V / 2 + rng_int(V - V / 2)] = 8.0f;
+        break;
+    case 4: for (int i = 0; i < V; i++) r[i] = 0.5f; break;         /* all equal -> 0 */
+    case 5: r[0] = nan; r[V - 2] = 100.0f; break;                    /* NaN at 0 -> 0 */
+    case 6: /* NaN everywhere but x[0] = -inf and two equal values (a NaN x[0] would pin 0) */
+        for (int i = 0; i < V; i++) r[i] = nan;
+        r[0] = -inf;
+        r[V - 1] = r[V - 29280] = 3.0f;
+        break;
+    case 7: for (int i = 0; i < V; i++) r[i] = nan; break;          /* -> 0 */
+    case 8: /* -inf and NaN: x[0] = -inf is the (first) largest non-NaN */
+        for (int i = 0; i < V; i++) r[i] = (i % 5 == 2) ? nan : -inf;
+        break;
+    case 9: r[77777] = r[77778] = r[V - 1] = r[100003] = inf; r[66666] = nan; break;   /* -> 77777 */
+    case 10: /* -0 == +0: the first one */
+        for (int i = 0; i < V; i++) r[i] = -1.0f;
+        r[1] = -0.0f; r[3] = 0.0f; r[V - 1] = 0.0f;
+        break;
+    default: break;   /* random */
+    }
+}
+/* {T, V, offset of the first row from an aligned allocation (floats)} */
+static const int am_cases[][3] = {{4, 1000, 0},   {3, 1, 0},      {9, 777, 0},    {8, 1000, 0}, {2, 129280, 0},
+                                  {5, 256, 0},    {64, 129280, 0}, {24, 129279, 0}, {12, 129280, 1}, {1, 129280, 0},
+                                  {300, 20000, 0}};
 START_TEST(test_argmax)
 {
-    const int T = am_cases[_i][0], V = am_cases[_i][1];
+    const int T = am_cases[_i][0], V = am_cases[_i][1], off = am_cases[_i][2];
     rng_seed(5000 + _i);
-    float *x = rand_f32((size_t)T * V, 5.0f);
+    float *x = rand_f32((size_t)T * V + off, 5.0f) + off;
     const float nan = NAN, inf = INFINITY;
     if (_i == 2) { /* ties: the first index must win, across threads, warps and strides */
         float *r;
@@ -272,15 +321,31 @@ START_TEST(test_argmax)
         r = x + 7 * V; for (int i = 0; i < V; i++) r[i] = (i % 3) ? nan : 1.0f; r[999] = 2.0f;  /* 999 */
     }
     if (_i == 4) x[V + 129279] = 10.0f;   /* the last element of row 1 */
+    if (_i >= 6 && V >= 100004)
+        for (int t = 0; t < T; t++) am_craft(x + (size_t)t * V, V, t % 12);
     int32_t *exp = malloc(4 * (size_t)T);
     for (int t = 0; t < T; t++) exp[t] = argmax_f(x + (size_t)t * V, V);
-    float *dx = up(x, 4 * (size_t)T * V);
+    if (_i >= 6 && V >= 100004) { /* the crafted rows themselves */
+        static const int32_t want[11] = {-1, 0, 2047, -2, 0, 0, -3, 0, 0, 77777, 1};
+        for (int t = 0; t < T && t < 11; t++) {
+            if (want[t] >= 0) ck_assert_int_eq(exp[t], want[t]);
+            if (want[t] == -1) ck_assert_int_eq(exp[t], V - 1);
+            if (want[t] == -2) ck_assert_int_ge(exp[t], V / 2);
+            if (want[t] == -3) ck_assert_int_eq(exp[t], V - 29280);
+        }
+    }
+    float *dx0 = up(x - off, 4 * ((size_t)T * V + off)), *dx = dx0 + off;
     int32_t *dout = dpoison(4 * (size_t)T);
     ck_assert_int_eq(v41g_argmax_rows(dx, T, V, dout, NULL), 0);
     int32_t *g = down(dout, 4 * (size_t)T);
     for (int t = 0; t < T; t++) ck_assert_msg(g[t] == exp[t], "argmax row %d: got %d want %d", t, g[t], exp[t]);
-    v41g_free(dx); v41g_free(dout);
-    free(x); free(exp); free(g);
+    /* again into the same output (the scratch of the split rows is per call) */
+    ck_assert_int_eq(v41g_memset(dout, 0xff, 4 * (size_t)T), 0);
+    ck_assert_int_eq(v41g_argmax_rows(dx, T, V, dout, NULL), 0);
+    int32_t *g2 = down(dout, 4 * (size_t)T);
+    ck_assert_mem_eq(g2, exp, 4 * (size_t)T);
+    v41g_free(dx0); v41g_free(dout);
+    free(x - off); free(exp); free(g); free(g2);
 }
 END_TEST
 
@@ -379,11 +444,16 @@ START_TEST(test_swiglu)
 END_TEST
 
 /* ------------------------------------------------------------ moe_combine */
-/* {k, shared, repeated ids} */
-static const int mc_cases[][3] = {{1, 1, 0}, {1, 0, 0}, {2, 1, 0}, {2, 0, 0}, {6, 1, 0}, {6, 0, 0}, {6, 1, 1}};
+/* {k, shared, repeated ids, D, T}: D % 8 == 0 takes the 16-byte path (5120 x 64 x 6: the V4.1-Flash
+ * decode shape), D = 300 the one-element path */
+static const int mc_cases[][5] = {{1, 1, 0, 300, 4}, {1, 0, 0, 300, 4}, {2, 1, 0, 300, 4},   {2, 0, 0, 300, 4},
+                                  {6, 1, 0, 300, 4}, {6, 0, 0, 300, 4}, {6, 1, 1, 300, 4},   {6, 1, 0, 5120, 64},
+                                  {6, 0, 1, 5120, 64}, {6, 1, 1, 1032, 5}, {9, 1, 1, 2056, 3}, {3, 0, 0, 8, 7},
+                                  {5, 1, 0, 1028, 2}};
 START_TEST(test_moe_combine)
 {
-    const int T = 4, D = 300, k = mc_cases[_i][0], hs = mc_cases[_i][1], rep = mc_cases[_i][2];
+    const int k = mc_cases[_i][0], hs = mc_cases[_i][1], rep = mc_cases[_i][2], D = mc_cases[_i][3],
+              T = mc_cases[_i][4];
     rng_seed(8000 + _i);
     int32_t *ix = malloc(4 * (size_t)T * k);
     rand_ids(ix, T, k, 64);
