@@ -1,13 +1,34 @@
 // k_hc.cu: mHC (SPEC §3): mixes + Sinkhorn per token, hc_pre, hc_post.
 //
-// Mixes are (2+h)h dot products of length hD per token. fn is genuine fp32;
-// it is split once into two bf16 matrices hi = bf16(fn), lo = bf16(fn - hi)
-// (|fn - hi - lo| <= 2^-16 |fn|), so the dots run as ONE tensor-core GEMM
-// X . [hi; lo]^T with fp32 accumulation (X is bf16, products are exact in
-// fp32): the result matches fp32 dots to ~1e-5 relative, the size of fp32
-// summation-order error over 20480 terms. A second kernel, one warp per token,
-// adds the hi and lo parts, computes the RMS statistic and runs the Sinkhorn
-// normalisation (fp32, every division adds hc_eps). hc_mult 1, 2 or 4.
+// Mixes are NM = (2+h)h dot products of length n = hD per token, times the token's RMS factor
+// r = 1/sqrt(mean X^2 + eps). fn is genuine fp32; it is split once into two bf16 matrices
+// hi = bf16(fn), lo = bf16(fn - hi) (|fn - hi - lo| <= 2^-16 |fn|), so the dots run on tensor
+// cores (bf16 x bf16 products are exact in fp32, fp32 accumulation). hc_mult 1, 2 or 4.
+//
+// v41g_hc_mixes2 reads X once: g_hc_mix_kernel streams a tile of rows x a slice of K through
+// shared memory (cp.async, several stages in flight), stages the matching hi/lo chunk of fn with
+// it, and per 32 columns of K issues mma.sync m16n8k16 for every row m-tile against the hi and lo
+// n-tiles, while summing the row's squares from the same registers (the RMS statistic). The
+// slices' partial sums go to a scratch [S][T][NPP] array; g_hc_finish_kernel, one warp per token,
+// adds the S partials in a fixed order, then applies r, base, scale and Sinkhorn (the arithmetic
+// of the former finish kernel, unchanged). Both stages have a fixed reduction shape, so the
+// results are the same bits at every run.
+//
+// Why tensor cores: at T = 4096, hD = 20480, NM = 24 the dots are 2.0e9 multiply-adds; as fp32
+// FMAs on the CUDA cores (132 SMs x 128 lanes x 1.98 GHz) that is >= 60 us, more than the ~40 us
+// of reading X (168 MB) once. As mma.sync on the hi and lo parts it is 2.0e6 instructions
+// (~15 us of tensor issue), hidden under the stream of X.
+//
+// Numerics (unchanged in kind from the former cuBLAS GEMM of X against [hi; lo]): every product
+// x*hi, x*lo is exact in fp32 and is summed in fp32; only the summation order differs. Each
+// accumulator chains n/(16 S) tensor-core steps (16 products each), then hi + lo, then the S
+// slices (S/32 sequential adds and a 5-level butterfly), so a dot's rounding error is about
+// (n/(16 S) + S/32 + 6) * 2^-24 * sum|x*fn| (+ 2^-16 sum|x*fn| from the split, as before): less
+// than the bound of a sequential fp32 sum over the n terms (the CPU reference's, depth n - 1), so
+// the existing tolerances, derived for "the same fp32 dot in another order", still hold. The sum
+// of squares stays fp32, the precision of the former RMS pass (g_hc_rms_kernel): squares of bf16
+// are exact in fp32; each thread sums n/(4 S) of them, then a 4-lane butterfly and the S slices
+// (the former pass: n/32 per lane and a 32-lane butterfly), and r = 1/sqrtf(ss/n + eps) as before.
 #include "g_internal.cuh"
 
 __device__ __forceinline__ float g_sigmoid(float x) { return 1.0f / (1.0f + expf(-x)); }
@@ -70,55 +91,196 @@ extern "C" int v41g_hc_split_fn(const float *fn, int h, int D, uint16_t *fn2, v4
     return 0;
 }
 
-// Per-token RMS factor r[t] = 1/sqrt(mean X^2 + eps), one warp per token, exactly the order
-// g_hc_finish_kernel used when it computed it itself: lane L accumulates ss = fma(f, f, ss)
-// over its elements L*8 + 256*i + j in increasing i then j, then the xor butterfly of
-// g_warp_sum, lane 0's value. The lane's 16-byte loads are issued HC_RB at a time (they were
-// 4 at a time: ~20 dependent round trips per token at 20480 elements, and one token a warp
-// is only ~31 warps an SM): 10 round trips, ~4 KiB in flight per warp. n % 256 == 0.
-#define HC_RB 8
-__global__ void __launch_bounds__(128, 8) g_hc_rms_kernel(const uint16_t *__restrict__ X, int T, int n, float norm_eps,
-                                                       float *__restrict__ rr)
+// ---------------------------------------------------------------- fused mixes + sum of squares
+// Shapes for hc_mult H: NT n-tiles of 8 mixes (the last zero-padded: h = 1 has NM = 3), NF rows of
+// fn in shared memory (NT*8 hi rows, then NT*8 lo rows), NPP floats per partial row (NM dots, the
+// sum of squares, zeros to a multiple of 4 for float4 reads).
+template <int H> struct hm_shape {
+    static constexpr int NM = (2 + H) * H;
+    static constexpr int NT = (NM + 7) / 8;
+    static constexpr int NF = 2 * NT * 8;
+    static constexpr int NPP = (NM + 1 + 3) / 4 * 4;
+};
+#define HM_KC 64   // K elements per pipeline stage: a 128-byte line of each row
+
+// CTA: WM warps, each owning MT m-tiles (16 rows each) of the R = 16*MT*WM rows from blockIdx.x*R;
+// blockIdx.y = s takes 64-element blocks [s*nkb/S, (s+1)*nkb/S) of K (nkb = ceil(K/64); the tail
+// block and rows >= T are zero-filled by cp.async, so they add exact zeros). NST stages of
+// (R + NF) rows x 128 bytes; the 16-byte chunk c of stage row r sits at chunk c ^ ((r & 1) << 2),
+// which makes both the cp.async writes (8 lanes: the 8 chunks of one row) and the fragment reads
+// (8 lanes: chunks q, q+4j of rows g, g+1) conflict-free.
+//
+// Fragments without ldmatrix: the order of the k terms inside one dot is free as long as A and B
+// use the same one. Lane (g = lane/4, q = lane%4) reads the 16 bytes at k = 32j + 8q .. 8q+7 of its
+// rows g and g+8 (A) and of fn row g of each n-tile (B); words 0,1 feed one m16n8k16 (as the
+// fragment's k pairs {2q, 2q+1} and {2q+8, 2q+9}), words 2,3 a second one. Over the 4 lanes of a
+// quad that covers the 32 k of the block once, for A and B alike.
+template <int H, int MT, int WM, int NST>
+__global__ void __launch_bounds__(WM * 32, 1)
+    g_hc_mix_kernel(const uint16_t *__restrict__ X, const uint16_t *__restrict__ fn2, int T, int K, int nkb,
+                    float *__restrict__ P)
 {
-    int t = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5), lane = threadIdx.x & 31;
-    if (t >= T) return;
-    const uint16_t *x = X + (size_t)t * n + lane * 8;
-    const int nv = n >> 8;   // 16-byte vectors per lane
-    float ss = 0.0f;
-    int i = 0;
-    for (; i + HC_RB <= nv; i += HC_RB) {
-        uint4 v[HC_RB];
+    using Sh = hm_shape<H>;
+    constexpr int NM = Sh::NM, NT = Sh::NT, NF = Sh::NF, NPP = Sh::NPP;
+    constexpr int R = 16 * MT * WM, NTHR = 32 * WM, ROWS = R + NF, CH = ROWS * 8, STAGE = ROWS * 128;
+    extern __shared__ __align__(128) uint8_t hm_sm[];
+    const int tid = threadIdx.x, lane = tid & 31, g = lane >> 2, q = lane & 3;
+    const int wrow = (tid >> 5) * 16 * MT;   // the warp's first row in the tile
+    const int row0 = blockIdx.x * R, S = gridDim.y, s = blockIdx.y;
+    const int kb0 = (int)((long long)s * nkb / S), nb = (int)((long long)(s + 1) * nkb / S) - kb0;
+    const uint32_t sbase = (uint32_t)__cvta_generic_to_shared(hm_sm);
+
+    // Staging: thread tid copies chunk c = tid % 8 of stage rows r = tid/8 + u*NTHR/8 (NTHR/8 is
+    // even: the swizzle c ^ ((r & 1) << 2) is the same for all u); sources precomputed at block 0.
+    constexpr int NU = (CH + NTHR - 1) / NTHR;
+    static_assert(NTHR % 16 == 0, "row parity must not depend on u");
+    const int c8 = (tid & 7) * 8;
+    const uint32_t dst0 = sbase + (tid >> 3) * 128 + (((tid & 7) ^ (((tid >> 3) & 1) << 2)) << 4);
+    const uint16_t *src[NU];
+    bool rok[NU];
 #pragma unroll
-        for (int u = 0; u < HC_RB; u++) v[u] = __ldg((const uint4 *)(x + (size_t)(i + u) * 256));
-#pragma unroll
-        for (int u = 0; u < HC_RB; u++)
-#pragma unroll
-            for (int j = 0; j < 8; j++) { float f = g_bf2f(((const uint16_t *)&v[u])[j]); ss = __fmaf_rn(f, f, ss); }
+    for (int u = 0; u < NU; u++) {
+        const int r = (tid >> 3) + u * (NTHR / 8);
+        if (r < R) {
+            rok[u] = row0 + r < T;
+            src[u] = X + (size_t)(rok[u] ? row0 + r : 0) * K + c8;
+        } else {
+            const int f = r - R, lo = f >= NT * 8, fr = f - lo * NT * 8;
+            rok[u] = r < ROWS && fr < NM;
+            src[u] = fn2 + (rok[u] ? lo * (size_t)NM * K + (size_t)fr * K : 0) + c8;
+        }
     }
-    for (; i < nv; i++) {
-        uint4 v = __ldg((const uint4 *)(x + (size_t)i * 256));
+    auto load_stage = [&](int buf, int kb) {
+        const bool kok = kb * HM_KC + c8 < K;
 #pragma unroll
-        for (int j = 0; j < 8; j++) { float f = g_bf2f(((const uint16_t *)&v)[j]); ss = __fmaf_rn(f, f, ss); }
+        for (int u = 0; u < NU; u++)
+            if (CH % NTHR == 0 || (tid >> 3) + u * (NTHR / 8) < ROWS) {
+                const bool ok = rok[u] && kok;   // else zero-fill (from a valid address, reading nothing)
+                g_cp_async16(dst0 + buf * STAGE + u * (NTHR / 8) * 128,
+                             ok ? (const void *)(src[u] + (size_t)kb * HM_KC) : (const void *)fn2, ok ? 16 : 0);
+            }
+    };
+
+    float acc[MT][2 * NT][4];   // [m-tile][hi n-tiles, then lo n-tiles][fragment]
+    float ss[MT][2];            // squares of rows g, g+8 of each m-tile
+#pragma unroll
+    for (int m = 0; m < MT; m++) {
+        ss[m][0] = ss[m][1] = 0.0f;
+#pragma unroll
+        for (int n = 0; n < 2 * NT; n++) acc[m][n][0] = acc[m][n][1] = acc[m][n][2] = acc[m][n][3] = 0.0f;
     }
-    ss = g_warp_sum(ss);
-    if (lane == 0) rr[t] = 1.0f / sqrtf(ss / (float)n + norm_eps);
+    const bool live = row0 + wrow < T;   // warp-uniform: the warp has rows to compute
+    const int swz = (g & 1) << 2;
+
+    auto compute = [&](int buf) {
+        const uint8_t *st = hm_sm + buf * STAGE;
+#pragma unroll
+        for (int j = 0; j < 2; j++) {
+            const int co = ((4 * j + q) ^ swz) << 4;
+            uint4 b[2 * NT];
+#pragma unroll
+            for (int n = 0; n < 2 * NT; n++) b[n] = *(const uint4 *)(st + (R + n * 8 + g) * 128 + co);
+#pragma unroll
+            for (int m = 0; m < MT; m++) {
+                const uint4 a0 = *(const uint4 *)(st + (wrow + m * 16 + g) * 128 + co);
+                const uint4 a1 = *(const uint4 *)(st + (wrow + m * 16 + g + 8) * 128 + co);
+                const uint32_t w0[4] = {a0.x, a0.y, a0.z, a0.w}, w1[4] = {a1.x, a1.y, a1.z, a1.w};
+#pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    const float l0 = __uint_as_float(w0[e] << 16), h0 = __uint_as_float(w0[e] & 0xffff0000u);
+                    const float l1 = __uint_as_float(w1[e] << 16), h1 = __uint_as_float(w1[e] & 0xffff0000u);
+                    ss[m][0] = __fmaf_rn(l0, l0, ss[m][0]);
+                    ss[m][0] = __fmaf_rn(h0, h0, ss[m][0]);
+                    ss[m][1] = __fmaf_rn(l1, l1, ss[m][1]);
+                    ss[m][1] = __fmaf_rn(h1, h1, ss[m][1]);
+                }
+#pragma unroll
+                for (int n = 0; n < 2 * NT; n++) {
+                    g_mma_bf16(acc[m][n], a0.x, a1.x, a0.y, a1.y, b[n].x, b[n].y);
+                    g_mma_bf16(acc[m][n], a0.z, a1.z, a0.w, a1.w, b[n].z, b[n].w);
+                }
+            }
+        }
+    };
+
+    // NST-stage pipeline, one __syncthreads per block: at iteration b block b has landed (own
+    // copies: wait_group; everyone's: the barrier) and every warp is done with block b-1, whose
+    // buffer then receives block b+NST-1. Empty commit groups keep the group count uniform.
+#pragma unroll
+    for (int p = 0; p < NST - 1; p++) {
+        if (p < nb) load_stage(p, kb0 + p);
+        g_cp_commit();
+    }
+    for (int b = 0; b < nb; b++) {
+        g_cp_wait<NST - 2>();
+        __syncthreads();
+        if (b + NST - 1 < nb) load_stage((b + NST - 1) % NST, kb0 + b + NST - 1);
+        g_cp_commit();
+        if (live) compute(b % NST);
+    }
+    g_cp_wait<0>();
+    if (!live) return;
+
+    // partial row of this slice: dots (hi + lo) of cols n*8 + 2q, +1 for rows g / g+8; squares
+    // summed over the quad (fixed butterfly), stored by lane q == 0; pads zeroed by q >= 1
+#pragma unroll
+    for (int m = 0; m < MT; m++) {
+#pragma unroll
+        for (int hh = 0; hh < 2; hh++) {
+            float v = ss[m][hh];
+            v += __shfl_xor_sync(0xffffffffu, v, 1);
+            v += __shfl_xor_sync(0xffffffffu, v, 2);
+            const int row = row0 + wrow + m * 16 + g + hh * 8;
+            if (row >= T) continue;
+            float *pr = P + ((size_t)s * T + row) * NPP;
+#pragma unroll
+            for (int n = 0; n < NT; n++)
+#pragma unroll
+                for (int e = 0; e < 2; e++) {
+                    const int col = n * 8 + 2 * q + e;
+                    if (col < NM) pr[col] = acc[m][n][2 * hh + e] + acc[m][NT + n][2 * hh + e];
+                }
+            if (q == 0) pr[NM] = v;
+            else if (NM + q < NPP) pr[NM + q] = 0.0f;
+        }
+    }
 }
 
-// One thread per token: mixes m = (hi + lo parts) * r, then pre/post/comb (the arithmetic of the
-// former one-warp-per-token kernel's lane 0, unchanged).
+// One warp per token: sums the S partial rows (lane L adds rows s = L, L+32, ... in order, then
+// the xor butterfly: a fixed shape), then lane 0 runs the former finish's arithmetic: r, the
+// scaled mixes, pre/post and the Sinkhorn of comb.
 template <int H>
-__global__ void g_hc_finish_kernel(const float *__restrict__ m2 /*[T, 2NM]*/, const float *__restrict__ rr, int T,
-                                   const float *__restrict__ base, const float *__restrict__ sc, float hc_eps,
-                                   int iters, float *pre, float *post, float *comb)
+__global__ void __launch_bounds__(128) g_hc_finish_kernel(const float *__restrict__ P, int S, int T, int n,
+                                                         float norm_eps, const float *__restrict__ base,
+                                                         const float *__restrict__ sc, float hc_eps, int iters,
+                                                         float *pre, float *post, float *comb)
 {
-    constexpr int NM = (2 + H) * H;
-    int t = blockIdx.x * blockDim.x + threadIdx.x;
+    using Sh = hm_shape<H>;
+    constexpr int NM = Sh::NM, NPP = Sh::NPP;
+    const int t = blockIdx.x * 4 + (threadIdx.x >> 5), lane = threadIdx.x & 31;
     if (t >= T) return;
-    float r = rr[t];
-    float m[NM];
-    const float *mr = m2 + (size_t)t * 2 * NM;
+    float a[NPP];
 #pragma unroll
-    for (int i = 0; i < NM; i++) m[i] = (mr[i] + mr[NM + i]) * r;
+    for (int i = 0; i < NPP; i++) a[i] = 0.0f;
+#pragma unroll 2
+    for (int s = lane; s < S; s += 32) {
+        const float4 *p = (const float4 *)(P + ((size_t)s * T + t) * NPP);
+#pragma unroll
+        for (int v = 0; v < NPP / 4; v++) {
+            const float4 x = __ldg(p + v);
+            a[4 * v] += x.x;
+            a[4 * v + 1] += x.y;
+            a[4 * v + 2] += x.z;
+            a[4 * v + 3] += x.w;
+        }
+    }
+#pragma unroll
+    for (int i = 0; i <= NM; i++) a[i] = g_warp_sum(a[i]);
+    if (lane) return;
+    float r = 1.0f / sqrtf(a[NM] / (float)n + norm_eps);
+    float m[NM];
+#pragma unroll
+    for (int i = 0; i < NM; i++) m[i] = a[i] * r;
 #pragma unroll
     for (int i = 0; i < H; i++) {
         pre[(size_t)t * H + i] = g_sigmoid(m[i] * sc[0] + base[i]) + hc_eps;
@@ -132,46 +294,78 @@ __global__ void g_hc_finish_kernel(const float *__restrict__ m2 /*[T, 2NM]*/, co
         for (int j = 0; j < H; j++) comb[(size_t)t * H * H + i * H + j] = C[i][j];
 }
 
-// The RMS factors need a second full pass over X (T x hD bf16: 168 MB at T = 4096); it runs on
-// a side stream (g_side), concurrently with the cuBLAS GEMM's pass, or on the caller's stream
-// where no side stream could be created.
+// Tile shapes: prefill-sized T: 256 rows a CTA (8 warps x 2 m-tiles), 4 stages of 38 KiB (h = 4),
+// one CTA per SM, 114 KiB of X and fn in flight per SM; fn is read from L2 once per 256 rows (at
+// T = 4096: 16 x 1.97 MB = 19% on top of X). Small T: 64 rows a CTA (4 warps x 1 m-tile), 6 stages
+// of 14 KiB (a CTA's whole slice is usually in flight at once), two or more CTAs per SM.
+#define HM_BIG_T 512
+template <int H, int MT, int WM, int NST>
+static int hm_run(const uint16_t *X, const uint16_t *fn2, const float *base, const float *scale3, int T, int n,
+                  float norm_eps, float hc_eps, int iters, float *pre, float *post, float *comb, cudaStream_t st)
+{
+    using Sh = hm_shape<H>;
+    constexpr int R = 16 * MT * WM, NTHR = 32 * WM;
+    const size_t smem = (size_t)NST * (R + Sh::NF) * 128;
+    auto kern = g_hc_mix_kernel<H, MT, WM, NST>;
+    G_CHECK(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+    int dev = 0, nsm = 132, cps = 1;
+    if (cudaGetDevice(&dev) == cudaSuccess) cudaDeviceGetAttribute(&nsm, cudaDevAttrMultiProcessorCount, dev);
+    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&cps, kern, NTHR, smem) != cudaSuccess) {
+        cudaGetLastError();   // (not sticky) fall back to one CTA per SM
+        cps = 1;
+    }
+    if (cps < 1) cps = 1;
+    // K split S: the fewest sequential block steps per CTA slot (waves x (blocks + 2); the 2 stand
+    // for a CTA's pipeline fill and partial write), the fewest splits on ties (each split adds
+    // T x NPP floats of partials and work for the finish).
+    const int tiles = (T + R - 1) / R, nkb = (n + HM_KC - 1) / HM_KC;
+    const long slots = (long)nsm * cps;
+    int S = 1;
+    long best = -1;
+    for (int sp = 1; sp <= nkb && sp <= 65535; sp++) {
+        long waves = ((long)tiles * sp + slots - 1) / slots, cost = waves * ((nkb + sp - 1) / sp + 2);
+        if (best < 0 || cost < best) { best = cost; S = sp; }
+    }
+    float *P = NULL;
+    G_CHECK(g_tmp_alloc((void **)&P, sizeof(float) * (size_t)S * T * Sh::NPP, st));
+    kern<<<dim3((unsigned)tiles, (unsigned)S), NTHR, smem, st>>>(X, fn2, T, n, nkb, P);
+    cudaError_t e = cudaGetLastError();
+    if (e == cudaSuccess) {
+        g_hc_finish_kernel<H><<<(unsigned)((T + 3) / 4), 128, 0, st>>>(P, S, T, n, norm_eps, base, scale3, hc_eps,
+                                                                      iters, pre, post, comb);
+        e = cudaGetLastError();
+    }
+    cudaError_t f = cudaFreeAsync(P, st);   // freed on the error path too
+    G_CHECK(e);
+    G_CHECK(f);
+    return 0;
+}
+
+template <int H>
+static int hm_dispatch(const uint16_t *X, const uint16_t *fn2, const float *base, const float *scale3, int T,
+                       int n, float norm_eps, float hc_eps, int iters, float *pre, float *post, float *comb,
+                       cudaStream_t st)
+{
+    if (T >= HM_BIG_T)
+        return hm_run<H, 2, 8, 4>(X, fn2, base, scale3, T, n, norm_eps, hc_eps, iters, pre, post, comb, st);
+    return hm_run<H, 1, 4, 6>(X, fn2, base, scale3, T, n, norm_eps, hc_eps, iters, pre, post, comb, st);
+}
+
+// X and fn2 16-byte aligned and h*D % 8 == 0 (16-byte rows; v41_gpu.h promises h*D % 256 == 0).
 extern "C" int v41g_hc_mixes2(const uint16_t *X, const uint16_t *fn2, const float *base, const float *scale3,
                               int T, int h, int D, float norm_eps, float hc_eps, int iters,
                               float *pre, float *post, float *comb, v41g_stream s)
 {
     if (T <= 0) return 0;
-    if ((h * D) % 256) return (int)cudaErrorInvalidValue;
-    if (h != 1 && h != 2 && h != 4) return (int)cudaErrorInvalidValue;
+    const int n = h * D;
+    if (D <= 0 || n % 8 || (((uintptr_t)X | (uintptr_t)fn2) & 15)) return (int)cudaErrorInvalidValue;
     cudaStream_t st = G_STREAM(s);
-    int NM = (2 + h) * h;
-    float *m2 = NULL;
-    G_CHECK(g_tmp_alloc((void **)&m2, sizeof(float) * ((size_t)T * 2 * NM + T), st));
-    float *rr = m2 + (size_t)T * 2 * NM;   // [T] RMS factors
-    unsigned gr = (unsigned)((T + 3) / 4);
-    g_side side(1);
-    if (side.ok()) {
-        G_CHECK(side.fork(st));
-        g_hc_rms_kernel<<<gr, 128, 0, side.s[0]>>>(X, T, h * D, norm_eps, rr);
-        cudaError_t e = cudaGetLastError();
-        G_CHECK(side.join(st));
-        G_CHECK(e);
-    }
-    // m2[T, 2NM] = X[T, hD] . fn2[2NM, hD]^T (bf16 x bf16, fp32 accumulate and out)
-    int rc = v41g_gemm_bf16(X, fn2, m2, T, 2 * NM, h * D, 1, 1, 0, 0, 0, s);
-    if (rc) return rc;
-    if (!side.ok()) {
-        g_hc_rms_kernel<<<gr, 128, 0, st>>>(X, T, h * D, norm_eps, rr);
-        G_LAUNCHED();
-    }
-    unsigned g = (unsigned)((T + 63) / 64);
     switch (h) {
-    case 1: g_hc_finish_kernel<1><<<g, 64, 0, st>>>(m2, rr, T, base, scale3, hc_eps, iters, pre, post, comb); break;
-    case 2: g_hc_finish_kernel<2><<<g, 64, 0, st>>>(m2, rr, T, base, scale3, hc_eps, iters, pre, post, comb); break;
-    default: g_hc_finish_kernel<4><<<g, 64, 0, st>>>(m2, rr, T, base, scale3, hc_eps, iters, pre, post, comb); break;
+    case 1: return hm_dispatch<1>(X, fn2, base, scale3, T, n, norm_eps, hc_eps, iters, pre, post, comb, st);
+    case 2: return hm_dispatch<2>(X, fn2, base, scale3, T, n, norm_eps, hc_eps, iters, pre, post, comb, st);
+    case 4: return hm_dispatch<4>(X, fn2, base, scale3, T, n, norm_eps, hc_eps, iters, pre, post, comb, st);
+    default: return (int)cudaErrorInvalidValue;
     }
-    G_LAUNCHED();
-    G_CHECK(cudaFreeAsync(m2, st));
-    return 0;
 }
 
 extern "C" int v41g_hc_mixes(const uint16_t *X, const float *fn, const float *base, const float *scale3,

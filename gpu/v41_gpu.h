@@ -58,14 +58,17 @@ int v41g_fp4_qdq(const uint16_t *x, uint16_t *y, int rows, int n, int g, int sca
 /* ---- mHC (SPEC §3) ---- */
 /* Mixes m = (X.fn^T)*rsqrt(mean X^2 + norm_eps) per token, then pre/post/comb
  * with the Sinkhorn iterations. X[T,h*D] bf16, fn[(2+h)h, hD], base[(2+h)h],
- * scale3[3] fp32; h in {1,2,4}, h*D % 256 == 0. Out: pre[T,h], post[T,h],
+ * scale3[3] fp32; h in {1,2,4}, h*D % 8 == 0, X 16-byte aligned. Out: pre[T,h], post[T,h],
  * comb[T,h,h] fp32. fn is split into bf16 hi/lo (per call here) so the dots
  * run on tensor cores with fp32 accumulation (~1e-5 relative to fp32 dots). */
 int v41g_hc_mixes(const uint16_t *X, const float *fn, const float *base, const float *scale3,
                   int T, int h, int D, float norm_eps, float hc_eps, int iters,
                   float *pre, float *post, float *comb, v41g_stream s);
 /* The same with fn pre-split into bf16 hi/lo rows (fn2[2(2+h)h, hD], from
- * v41g_hc_split_fn, done once at weight upload): one tensor-core GEMM. */
+ * v41g_hc_split_fn, done once at weight upload; 16-byte aligned): one fused
+ * pass over X (mma.sync dots against hi and lo, the sum of squares from the
+ * same registers, K split over CTAs with fixed-order partial sums), then the
+ * per-token finish. Bitwise repeatable. */
 int v41g_hc_split_fn(const float *fn, int h, int D, uint16_t *fn2, v41g_stream s);
 int v41g_hc_mixes2(const uint16_t *X, const uint16_t *fn2, const float *base, const float *scale3,
                    int T, int h, int D, float norm_eps, float hc_eps, int iters,

@@ -151,13 +151,21 @@ START_TEST(test_fp4_qdq)
 END_TEST
 
 /* ------------------------------------------------------------ mHC */
-static const int hc_T[] = {1, 5, 37, 300};
+/* {T, h, D}: the first four are the original cases (hD = 1024); then the decode shape (T = 64,
+ * hD = 20480: a small T split over K into many slices), T >= 512 (the 256-row tiles: T = 600 at
+ * hD = 20480, T = 4096 at hD = 1024, 16 tiles x several K slices), and h = 1, 2 with hD not a
+ * multiple of the 64-column pipeline block (a zero-filled tail block) nor T of the row tile. */
+static const int hc_cases[][3] = {{1, 4, 256},  {5, 4, 256},    {37, 4, 256},  {300, 4, 256}, {64, 4, 5120},
+                                  {600, 4, 5120}, {4096, 4, 256}, {33, 2, 200}, {70, 1, 136},  {777, 2, 2056}};
 START_TEST(test_hc)
 {
-    int T = hc_T[_i], h = 4, D = 256, NM = (2 + h) * h, hD = h * D;
+    int T = hc_cases[_i][0], h = hc_cases[_i][1], D = hc_cases[_i][2], NM = (2 + h) * h, hD = h * D;
     rng_seed(500 + _i);
     uint16_t *X = rand_bf16((size_t)T * hD, 2.0f), *y = rand_bf16((size_t)T * D, 2.0f);
-    float *fn = rand_f32((size_t)NM * hD, 0.05f), *base = rand_f32(NM, 0.5f), s3[3] = {0.7f, 1.3f, 0.9f};
+    /* fn amplitude 0.05 * sqrt(1024 / hD): the dots have the size they have at hD = 1024 (the
+     * tolerance derivation below), whatever hD */
+    float *fn = rand_f32((size_t)NM * hD, 0.05f * sqrtf(1024.0f / (float)hD)), *base = rand_f32(NM, 0.5f),
+          s3[3] = {0.7f, 1.3f, 0.9f};
     float *pre = malloc(4 * T * h), *post = malloc(4 * T * h), *comb = malloc(4 * (size_t)T * h * h);
     cr_hc_mixes(X, fn, base, s3, T, h, D, 1e-20f, 1e-6f, 20, pre, post, comb);
     uint16_t *dX = up(X, 2 * (size_t)T * hD), *dy = up(y, 2 * (size_t)T * D);
@@ -166,10 +174,32 @@ START_TEST(test_hc)
     ck_assert_int_eq(v41g_hc_mixes(dX, dfn, db, ds, T, h, D, 1e-20f, 1e-6f, 20, dpre, dpost, dcomb, NULL), 0);
     float *gpre = down(dpre, 4 * T * h), *gpost = down(dpost, 4 * T * h), *gcomb = down(dcomb, 4 * (size_t)T * h * h);
     /* mixes: dots of 1024 terms of |x*fn| <= 0.1 summed in another order: |dm| <= 1024 * 2^-24 * 100 ~ 6e-3 worst
-     * case, ~1e-5 typical; sigmoid' <= 1/4 and Sinkhorn is a contraction, so 1e-4 absolute on outputs of O(1) */
+     * case, ~1e-5 typical; sigmoid' <= 1/4 and Sinkhorn is a contraction, so 1e-4 absolute on outputs of O(1).
+     * Other hD: the scaled fn keeps |m| as at hD = 1024, and the typical order difference, a random walk of
+     * hD roundings of 2^-24 |partial sum| (the CPU's sequential sum; the GPU's chains are shorter), grows as
+     * sqrt(hD): at most sqrt(20) ~ 4.5 times the hD = 1024 one, ~5e-5, still under 1e-4 */
     check_f32("hc pre", gpre, pre, (size_t)T * h, 1e-4, 1e-4);
     check_f32("hc post", gpost, post, (size_t)T * h, 1e-4, 1e-4);
     check_f32("hc comb", gcomb, comb, (size_t)T * h * h, 1e-4, 1e-4);
+    /* fn split once (as at weight upload) + v41g_hc_mixes2: the same bits as v41g_hc_mixes (which runs
+     * the same two steps), at every run (fixed reduction order) */
+    {
+        uint16_t *dfn2 = dpoison(2 * 2 * (size_t)NM * hD);
+        ck_assert_int_eq(v41g_hc_split_fn(dfn, h, D, dfn2, NULL), 0);
+        for (int rep = 0; rep < 2; rep++) {
+            float *dpre2 = dpoison(4 * T * h), *dpost2 = dpoison(4 * T * h), *dcomb2 = dpoison(4 * (size_t)T * h * h);
+            ck_assert_int_eq(v41g_hc_mixes2(dX, dfn2, db, ds, T, h, D, 1e-20f, 1e-6f, 20, dpre2, dpost2, dcomb2, NULL),
+                             0);
+            float *p2 = down(dpre2, 4 * T * h), *q2 = down(dpost2, 4 * T * h);
+            float *c2 = down(dcomb2, 4 * (size_t)T * h * h);
+            ck_assert_mem_eq(p2, gpre, 4 * (size_t)T * h);
+            ck_assert_mem_eq(q2, gpost, 4 * (size_t)T * h);
+            ck_assert_mem_eq(c2, gcomb, 4 * (size_t)T * h * h);
+            v41g_free(dpre2); v41g_free(dpost2); v41g_free(dcomb2);
+            free(p2); free(q2); free(c2);
+        }
+        v41g_free(dfn2);
+    }
     /* doubly stochastic after Sinkhorn: column sums ~1 */
     for (int t = 0; t < T; t++)
         for (int j = 0; j < h; j++) {
@@ -441,7 +471,7 @@ static Suite *gpu_suite(void)
     tcase_add_test(tc, test_rope);
     tcase_add_test(tc, test_act_quant);
     tcase_add_loop_test(tc, test_fp4_qdq, 0, 4);
-    tcase_add_loop_test(tc, test_hc, 0, 4);
+    tcase_add_loop_test(tc, test_hc, 0, (int)(sizeof hc_cases / sizeof hc_cases[0]));
     suite_add_tcase(s, tc);
     tc = tcase_create("attention");
     tcase_set_timeout(tc, 120);
