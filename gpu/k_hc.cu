@@ -9,10 +9,10 @@
 // shared memory (cp.async, several stages in flight), stages the matching hi/lo chunk of fn with
 // it, and per 32 columns of K issues mma.sync m16n8k16 for every row m-tile against the hi and lo
 // n-tiles, while summing the row's squares from the same registers (the RMS statistic). The
-// slices' partial sums go to a scratch [S][T][NPP] array; g_hc_finish_kernel, one warp per token,
-// adds the S partials in a fixed order, then applies r, base, scale and Sinkhorn (the arithmetic
-// of the former finish kernel, unchanged). Both stages have a fixed reduction shape, so the
-// results are the same bits at every run.
+// slices' partial sums go to a scratch [S][T][NPP] array; g_hc_sum_kernel, one warp per token,
+// adds the S partials in a fixed order and scales the mixes by r; v41g_sinkhorn (k_dev_b.cu, the
+// device step's kernel) then computes pre, post and comb with h x h lanes per token. Every stage
+// has a fixed reduction shape, so the results are the same bits at every run.
 //
 // Why tensor cores: at T = 4096, hD = 20480, NM = 24 the dots are 2.0e9 multiply-adds; as fp32
 // FMAs on the CUDA cores (132 SMs x 128 lanes x 1.98 GHz) that is >= 60 us, more than the ~40 us
@@ -30,48 +30,7 @@
 // are exact in fp32; each thread sums n/(4 S) of them, then a 4-lane butterfly and the S slices
 // (the former pass: n/32 per lane and a 32-lane butterfly), and r = 1/sqrtf(ss/n + eps) as before.
 #include "g_internal.cuh"
-
-__device__ __forceinline__ float g_sigmoid(float x) { return 1.0f / (1.0f + expf(-x)); }
-
-template <int H>
-__device__ __forceinline__ void g_sinkhorn(const float *m, const float *sc, const float *base, float hc_eps,
-                                           int iters, float (&C)[H][H])
-{
-    constexpr int NM = (2 + H) * H;
-    (void)NM;
-#pragma unroll
-    for (int i = 0; i < H; i++) {
-        float mx = -INFINITY;
-#pragma unroll
-        for (int j = 0; j < H; j++) { C[i][j] = m[2 * H + i * H + j] * sc[2] + base[2 * H + i * H + j]; mx = fmaxf(mx, C[i][j]); }
-        float s = 0.0f;
-#pragma unroll
-        for (int j = 0; j < H; j++) { C[i][j] = expf(C[i][j] - mx); s += C[i][j]; }
-#pragma unroll
-        for (int j = 0; j < H; j++) C[i][j] = C[i][j] / s + hc_eps;
-    }
-    // C /= colsum + eps; then (iters-1) x (rows, cols)
-    for (int it = 0; it < iters; it++) {
-        if (it > 0) {
-#pragma unroll
-            for (int i = 0; i < H; i++) {
-                float s = 0.0f;
-#pragma unroll
-                for (int j = 0; j < H; j++) s += C[i][j];
-#pragma unroll
-                for (int j = 0; j < H; j++) C[i][j] /= s + hc_eps;
-            }
-        }
-#pragma unroll
-        for (int j = 0; j < H; j++) {
-            float s = 0.0f;
-#pragma unroll
-            for (int i = 0; i < H; i++) s += C[i][j];
-#pragma unroll
-            for (int i = 0; i < H; i++) C[i][j] /= s + hc_eps;
-        }
-    }
-}
+#include "v41_gpu_dev.h"
 
 __global__ void g_hc_split_kernel(const float *__restrict__ fn, size_t n, uint16_t *__restrict__ hi,
                                   uint16_t *__restrict__ lo)
@@ -247,13 +206,13 @@ __global__ void __launch_bounds__(WM * 32, 1)
 }
 
 // One warp per token: sums the S partial rows (lane L adds rows s = L, L+32, ... in order, then
-// the xor butterfly: a fixed shape), then lane 0 runs the former finish's arithmetic: r, the
-// scaled mixes, pre/post and the Sinkhorn of comb.
+// the xor butterfly: a fixed shape), then r = 1/sqrtf(ss/n + eps) and the scaled mixes m = dot * r
+// (lane i < NM writes m[i]). pre/post/comb follow from v41g_sinkhorn (gpu/k_dev_b.cu: h x h lanes
+// per token, the arithmetic of v41_hc_split_sinkhorn); a lane-0 Sinkhorn here would serialise the
+// 20 iterations' divisions of a token on one thread (~30 us at any T).
 template <int H>
-__global__ void __launch_bounds__(128) g_hc_finish_kernel(const float *__restrict__ P, int S, int T, int n,
-                                                         float norm_eps, const float *__restrict__ base,
-                                                         const float *__restrict__ sc, float hc_eps, int iters,
-                                                         float *pre, float *post, float *comb)
+__global__ void __launch_bounds__(128) g_hc_sum_kernel(const float *__restrict__ P, int S, int T, int n,
+                                                       float norm_eps, float *__restrict__ mix)
 {
     using Sh = hm_shape<H>;
     constexpr int NM = Sh::NM, NPP = Sh::NPP;
@@ -276,22 +235,10 @@ __global__ void __launch_bounds__(128) g_hc_finish_kernel(const float *__restric
     }
 #pragma unroll
     for (int i = 0; i <= NM; i++) a[i] = g_warp_sum(a[i]);
-    if (lane) return;
-    float r = 1.0f / sqrtf(a[NM] / (float)n + norm_eps);
-    float m[NM];
+    const float r = 1.0f / sqrtf(a[NM] / (float)n + norm_eps);
 #pragma unroll
-    for (int i = 0; i < NM; i++) m[i] = a[i] * r;
-#pragma unroll
-    for (int i = 0; i < H; i++) {
-        pre[(size_t)t * H + i] = g_sigmoid(m[i] * sc[0] + base[i]) + hc_eps;
-        post[(size_t)t * H + i] = 2.0f * g_sigmoid(m[H + i] * sc[1] + base[H + i]);
-    }
-    float C[H][H];
-    g_sinkhorn<H>(m, sc, base, hc_eps, iters, C);
-#pragma unroll
-    for (int i = 0; i < H; i++)
-#pragma unroll
-        for (int j = 0; j < H; j++) comb[(size_t)t * H * H + i * H + j] = C[i][j];
+    for (int i = 0; i < NM; i++)
+        if (lane == i) mix[(size_t)t * NM + i] = a[i] * r;
 }
 
 // Tile shapes: prefill-sized T: 256 rows a CTA (8 warps x 2 m-tiles), 4 stages of 38 KiB (h = 4),
@@ -327,14 +274,16 @@ static int hm_run(const uint16_t *X, const uint16_t *fn2, const float *base, con
         if (best < 0 || cost < best) { best = cost; S = sp; }
     }
     float *P = NULL;
-    G_CHECK(g_tmp_alloc((void **)&P, sizeof(float) * (size_t)S * T * Sh::NPP, st));
+    G_CHECK(g_tmp_alloc((void **)&P, sizeof(float) * ((size_t)S * T * Sh::NPP + (size_t)T * Sh::NM), st));
+    float *mix = P + (size_t)S * T * Sh::NPP;   /* [T, NM] scaled mixes */
     kern<<<dim3((unsigned)tiles, (unsigned)S), NTHR, smem, st>>>(X, fn2, T, n, nkb, P);
     cudaError_t e = cudaGetLastError();
     if (e == cudaSuccess) {
-        g_hc_finish_kernel<H><<<(unsigned)((T + 3) / 4), 128, 0, st>>>(P, S, T, n, norm_eps, base, scale3, hc_eps,
-                                                                      iters, pre, post, comb);
+        g_hc_sum_kernel<H><<<(unsigned)((T + 3) / 4), 128, 0, st>>>(P, S, T, n, norm_eps, mix);
         e = cudaGetLastError();
     }
+    if (e == cudaSuccess)
+        e = (cudaError_t)v41g_sinkhorn(mix, scale3, base, T, H, iters, hc_eps, pre, post, comb, st);
     cudaError_t f = cudaFreeAsync(P, st);   // freed on the error path too
     G_CHECK(e);
     G_CHECK(f);
