@@ -683,13 +683,18 @@ void decode_ops(bench &B, bool quick)
     }
 }
 
-// One V4.1-Flash-shaped layer (a ratio-1 layer that runs its indexer; bf16
-// weights, experts dequantized): mHC mixes, q/kv projections with their norms,
-// RoPE and act_quant, indexer scores + top-512, sparse attention over window
-// 128 + top-512, inverse RoPE, grouped output projection, hc_post, then the
-// FFN half (mixes, gate, routing, 384-expert MoE + shared, hc_post).
-// decode: T requests of one row each, context ctx; prefill: one request of T rows.
-void layer(bench &B, int T, bool decode, int ctx)
+// One V4.1-Flash-shaped layer (a ratio-1 layer that runs its indexer): mHC mixes,
+// q/kv projections with their norms, RoPE and act_quant, indexer scores + top-512,
+// sparse attention over window 128 + top-512, inverse RoPE, grouped output
+// projection, hc_post, then the FFN half (mixes, gate, routing, 384-expert MoE +
+// shared, hc_post). decode: T requests of one row each, context ctx; prefill: one
+// request of T rows. Weights: bf16 (experts dequantized), or with packed = true as
+// the engine keeps them since session 4: wq_a, wq_b, wkv, the indexer's wq_b and
+// wo_b fp8 (e4m3 + 32x32 e8m0 blocks), routed experts fp4, the shared expert fp8,
+// run like the engine's hybrid path (v41g_wq_gemm below 256 rows, else dequantize
+// into a scratch + cuBLAS; v41g_moe_ffn with the storage-format experts); wo_a, the
+// indexer's head projection and the gate stay bf16.
+void layer(bench &B, int T, bool decode, int ctx, bool packed)
 {
     const int NM = (2 + HC) * HC, S = decode ? ctx : T, L = W + TOPK;
     auto bf = [&](size_t n, float amp) { uint16_t *p = (uint16_t *)B.alloc(n * 2); v41g_fill_bf16(p, n, n + 7, amp, B.st); return p; };
@@ -701,8 +706,42 @@ void layer(bench &B, int T, bool decode, int ctx)
     uint16_t *nw = bf(D, 1.0f), *qn = bf(QL, 1.0f), *kvn = bf(HD, 1.0f);
     uint16_t *fn2a = bf((size_t)2 * NM * HC * D, 0.01f), *fn2f = bf((size_t)2 * NM * HC * D, 0.01f);
     float *base = f32(NM, 0.1f), *s3 = f32(4, 1.0f), *sink = f32(H, 1.0f);
-    uint16_t *w13 = bf((size_t)E * 2 * IM * D, 0.02f), *w2 = bf((size_t)E * D * IM, 0.02f);
-    uint16_t *w13s = bf((size_t)2 * IM * D, 0.02f), *w2s = bf((size_t)D * IM, 0.02f);
+    uint16_t *w13 = packed ? NULL : bf((size_t)E * 2 * IM * D, 0.02f), *w2 = packed ? NULL : bf((size_t)E * D * IM, 0.02f);
+    uint16_t *w13s = packed ? NULL : bf((size_t)2 * IM * D, 0.02f), *w2s = packed ? NULL : bf((size_t)D * IM, 0.02f);
+    // storage-format weights (packed): random codes stand for tiled codes (whole 128 x 64 tiles)
+    auto fp8w = [&](int N, int K, uint64_t seed) {
+        const size_t nc = (size_t)N * K, ns = (size_t)((N + 31) / 32) * (K / 32);
+        uint8_t *c = (uint8_t *)B.alloc(nc), *sc = (uint8_t *)B.alloc(ns);
+        fill_bytes(B, c, nc, seed, FP8_CODES);
+        fill_scales(B, sc, ns);
+        return v41g_wq{V41G_WQ_FP8, N, K, 0, c, sc, 0, 0};
+    };
+    v41g_wq Qa = {}, Qb = {}, Qkv = {}, Qi = {}, Qo = {}, Q13 = {}, Q2 = {}, Q13s = {}, Q2s = {};
+    double wq_bytes = 0;   /* storage bytes of the packed Linears of the attention half */
+    if (packed) {
+        Qa = fp8w(QL, D, 60); Qb = fp8w(H * HD, QL, 61); Qkv = fp8w(HD, D, 62); Qi = fp8w(NI * DI, QL, 63);
+        Qo = fp8w(D, G * OL, 64);
+        for (const v41g_wq *q : {&Qa, &Qb, &Qkv, &Qi, &Qo})
+            wq_bytes += (double)q->N * q->K + (double)((q->N + 31) / 32) * (q->K / 32);
+        const size_t c13 = (size_t)2 * IM * D / 2, s13 = (size_t)2 * IM * (D / 32), c2 = (size_t)D * IM / 2,
+                     s2 = (size_t)D * (IM / 32);
+        uint8_t *q13 = (uint8_t *)B.alloc(E * c13), *q13sc = (uint8_t *)B.alloc(E * s13);
+        uint8_t *q2 = (uint8_t *)B.alloc(E * c2), *q2sc = (uint8_t *)B.alloc(E * s2);
+        fill_bytes(B, q13, E * c13, 65, FP4_CODES);
+        fill_bytes(B, q2, E * c2, 66, FP4_CODES);
+        fill_scales(B, q13sc, E * s13);
+        fill_scales(B, q2sc, E * s2);
+        Q13 = {V41G_WQ_FP4, 2 * IM, D, 0, q13, q13sc, (long long)c13, (long long)s13};
+        Q2 = {V41G_WQ_FP4, D, IM, 0, q2, q2sc, (long long)c2, (long long)s2};
+        Q13s = fp8w(2 * IM, D, 67);
+        Q2s = fp8w(D, IM, 68);
+    }
+    // scratch of the packed path: split-K workspace (M < 256) or the dequantized weight (M >= 256)
+    size_t pk_ws = 0;
+    if (packed)
+        for (const v41g_wq *q : {&Qa, &Qb, &Qkv, &Qi, &Qo})
+            pk_ws = std::max(pk_ws, T >= 256 ? (size_t)2 * q->N * q->K : v41g_wq_ws_bytes(q, T));
+    void *pk = pk_ws ? B.alloc(pk_ws) : NULL;
     float hf[R / 2];
     v41g_rope_freqs(R, 160000.0, 65536, 16, 32, 1, hf);
     float *freqs = (float *)B.alloc(sizeof hf);
@@ -731,6 +770,16 @@ void layer(bench &B, int T, bool decode, int ctx)
     v41g_h2d(dpos, pos.data(), T * 4); v41g_h2d(dvis, vis.data(), T * 4); v41g_h2d(dkb, kb.data(), T * 8);
     v41g_h2d(dlist, list.data(), list.size() * 4);
     v41g_moe m = {T, D, IM, E, KA, 10.0f, w13, w2, w13s, w2s, NULL, NULL, NULL, NULL};
+    if (packed) { m.q13 = &Q13; m.q2 = &Q2; m.q13s = &Q13s; m.q2s = &Q2s; }
+    // a Linear of the attention half: bf16 weights through cuBLAS, or the packed path
+    auto lin = [&](const v41g_wq &q, const uint16_t *wb, const uint16_t *in, uint16_t *out, int N, int K) {
+        if (!packed) return v41g_gemm_bf16(in, wb, out, T, N, K, 0, 1, 0, 0, 0, B.st);
+        if (T >= 256) {
+            int kr = v41g_wq_dequant(&q, 0, (uint16_t *)pk, B.st);
+            return kr ? kr : v41g_gemm_bf16(in, (const uint16_t *)pk, out, T, N, K, 0, 1, 0, 0, 0, B.st);
+        }
+        return v41g_wq_gemm(&q, in, T, out, 0, pk, pk_ws, B.st);
+    };
     void *ws = B.alloc(v41g_moe_ws_size(&m));
     cudaStream_t st = B.st;
     const float sc = 1.0f / sqrtf((float)HD);
@@ -741,16 +790,16 @@ void layer(bench &B, int T, bool decode, int ctx)
         R_(v41g_hc_pre(X, pre, x, T, HC, D, st));
         R_(v41g_rmsnorm(x, nw, xn, T, D, 1e-6f, st));
         R_(v41g_act_quant(xn, NULL, NULL, x, T, D, st));                       /* fp8 Linear input */
-        R_(v41g_gemm_bf16(x, wq_a, qr, T, QL, D, 0, 1, 0, 0, 0, st));
+        R_(lin(Qa, wq_a, x, qr, QL, D));
         R_(v41g_rmsnorm(qr, qn, qr, T, QL, 1e-6f, st));
         R_(v41g_act_quant(qr, NULL, NULL, y, T, QL, st));
-        R_(v41g_gemm_bf16(y, wq_b, q, T, H * HD, QL, 0, 1, 0, 0, 0, st));
+        R_(lin(Qb, wq_b, y, q, H * HD, QL));
         R_(v41g_rope(q, dpos, freqs, T, H, HD, R, 0, st));
-        R_(v41g_gemm_bf16(x, wkv, kv, T, HD, D, 0, 1, 0, 0, 0, st));
+        R_(lin(Qkv, wkv, x, kv, HD, D));
         R_(v41g_rmsnorm(kv, kvn, kv, T, HD, 1e-6f, st));
         R_(v41g_rope(kv, dpos, freqs, T, 1, HD, R, 0, st));
         R_(v41g_act_quant(kv, NULL, NULL, kv, T, HD, st));                    /* -> window ring */
-        R_(v41g_gemm_bf16(y, iwq, iq, T, NI * DI, QL, 0, 1, 0, 0, 0, st));    /* indexer */
+        R_(lin(Qi, iwq, y, iq, NI * DI, QL));                                 /* indexer */
         R_(v41g_rope(iq, dpos, freqs, T, NI, DI, R, 0, st));
         R_(v41g_fp4_qdq(iq, iq, T * NI, DI, 32, 0, st));
         R_(v41g_gemm_bf16(xn, iwp, iw, T, NI, D, 1, 1, 0, 0, 0, st));
@@ -762,7 +811,7 @@ void layer(bench &B, int T, bool decode, int ctx)
         R_(v41g_gemm_bf16_ld(o, H * HD, wo_a, u, G * OL, T, OL, H * HD / G, 0, G, (long long)H * HD / G,
                              (long long)OL * H * HD / G, (long long)OL, st));   /* u_g = wo_a[g] . o_g */
         R_(v41g_act_quant(u, NULL, NULL, u, T, G * OL, st));
-        R_(v41g_gemm_bf16(u, wo_b, y, T, D, G * OL, 0, 1, 0, 0, 0, st));
+        R_(lin(Qo, wo_b, u, y, D, G * OL));
         R_(v41g_hc_post(y, X, post, comb, X, T, HC, D, st));
         return rc;
     };
@@ -779,26 +828,31 @@ void layer(bench &B, int T, bool decode, int ctx)
         return rc;
     };
     double ta = B.time(attn_half, 7, true);
-    double tf = B.time(ffn_half, 5, false);
+    double tf = B.time(ffn_half, 5, packed);   // (the bf16-expert MoE waits for the host: no graph)
     // bytes: weights once (bf16) + KV/keys read + activations of the stream; FLOPs: 2 per MAC
-    double attn_w = 2.0 * ((double)QL * D + (double)H * HD * QL + (double)HD * D + (double)G * OL * H * HD / G +
-                           (double)D * G * OL + (double)NI * DI * QL + (double)NI * D + 2.0 * 2 * NM * HC * D);
+    double attn_w = packed ? wq_bytes + 2.0 * ((double)G * OL * H * HD / G + (double)NI * D + 2.0 * 2 * NM * HC * D)
+                           : 2.0 * ((double)QL * D + (double)H * HD * QL + (double)HD * D + (double)G * OL * H * HD / G +
+                                    (double)D * G * OL + (double)NI * DI * QL + (double)NI * D + 2.0 * 2 * NM * HC * D);
     double kvb = decode ? (double)T * (L * HD * 2.0 + S * DI * 2.0) : (double)T * (2.0 * HD + DI * 2.0);
     double act = (double)T * HC * D * 2 * 4;
     double attn_fl = 2.0 * T * ((double)QL * D + (double)H * HD * QL + (double)HD * D + (double)H * HD * OL +
                                 (double)D * G * OL + (double)NI * DI * QL) + 4.0 * T * H * L * HD + 2.0 * T * S * NI * DI;
-    std::string nm = decode ? fmt("layer_decode_b%d_ctx%dK", T, ctx / 1024) : fmt("layer_prefill_T%d", T);
-    std::string p = fmt("{\"T\":%d,\"decode\":%d,\"context\":%d,\"weights\":\"bf16\"}", T, decode ? 1 : 0, decode ? ctx : T);
+    std::string nm = (decode ? fmt("layer_decode_b%d_ctx%dK", T, ctx / 1024) : fmt("layer_prefill_T%d", T)) +
+                     (packed ? "_fp8fp4" : "");
+    std::string p = fmt("{\"T\":%d,\"decode\":%d,\"context\":%d,\"weights\":\"%s\"}", T, decode ? 1 : 0,
+                        decode ? ctx : T, packed ? "fp8/fp4" : "bf16");
     B.rec("layer", nm + "_attn_half", p, attn_fl, attn_w + kvb + act, ta);
     // MoE: the experts that got tokens are read once
     double touched = distinct_experts(eidx, (size_t)T * KA);
-    double moe_w = touched * 3.0 * IM * D * 2 + 3.0 * IM * D * 2 + (double)E * D * 2;
+    double moe_w = packed ? touched * (3.0 * IM * D / 2 + 3.0 * IM * (D / 32)) + 3.0 * IM * D + 3.0 * IM * D / 1024 +
+                                (double)E * D * 2
+                          : touched * 3.0 * IM * D * 2 + 3.0 * IM * D * 2 + (double)E * D * 2;
     double moe_fl = 2.0 * T * (KA + 1) * 3.0 * D * IM + 2.0 * T * E * D;
     B.rec("layer", nm + "_ffn_half", p, moe_fl, moe_w + act, tf);
     B.rec("layer", nm, p, attn_fl + moe_fl, attn_w + kvb + 2 * act + moe_w, ta + tf);
     double floor_s = std::max((attn_w + kvb + 2 * act + moe_w) / (B.copy_GBps * 1e9), (attn_fl + moe_fl) / (B.gemm_TFLOPs * 1e12));
-    printf("%-12s %-34s roofline floor %.1f us (bf16 weights); measured / floor = %.2f\n", "layer", nm.c_str(),
-           floor_s * 1e6, (ta + tf) / floor_s);
+    printf("%-12s %-34s roofline floor %.1f us (%s weights); measured / floor = %.2f\n", "layer", nm.c_str(),
+           floor_s * 1e6, packed ? "fp8/fp4" : "bf16", (ta + tf) / floor_s);
     B.free_all();
 }
 
@@ -859,7 +913,8 @@ extern "C" int v41g_bench_main(int argc, char **argv)
     if (want("gemm")) gemms(B, quick);
     if (want("moe")) moe(B, quick);
     if (want("wq")) wq(B, quick);   // after gemm and moe: reuses their bf16 timings
-    if (want("layer")) { layer(B, 64, true, 8192); if (!quick) layer(B, 4096, false, 0); }
+    if (want("layer"))
+        for (bool pk : {false, true}) { layer(B, 64, true, 8192, pk); if (!quick) layer(B, 4096, false, 0, pk); }
     if (only && strstr(only, "decode")) decode_ops(B, quick);   // opt-in: see --help
     v41g_free(B.flush);
     v41g_gemm_release();
