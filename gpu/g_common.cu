@@ -19,6 +19,27 @@ extern "C" int v41g_device_name(char *buf, size_t n)
     return 0;
 }
 
+// per-device cache of one attribute (devices 0..15; others are queried at every call)
+static int g_dev_attr(cudaDeviceAttr a, int *cache, int fallback)
+{
+    int dev = 0, v = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess) { cudaGetLastError(); return fallback; }
+    if (dev >= 0 && dev < 16 && cache[dev] > 0) return cache[dev];
+    if (cudaDeviceGetAttribute(&v, a, dev) != cudaSuccess || v <= 0) { cudaGetLastError(); return fallback; }
+    if (dev >= 0 && dev < 16) cache[dev] = v;
+    return v;
+}
+int g_num_sms(void)
+{
+    static int cache[16];
+    return g_dev_attr(cudaDevAttrMultiProcessorCount, cache, 132);
+}
+int g_smem_optin(void)
+{
+    static int cache[16];
+    return g_dev_attr(cudaDevAttrMaxSharedMemoryPerBlockOptin, cache, 48 * 1024);
+}
+
 extern "C" const char *v41g_error_string(int code) { return cudaGetErrorString((cudaError_t)code); }
 
 extern "C" void *v41g_malloc(size_t nbytes)

@@ -14,6 +14,11 @@
 #define G_LAUNCHED() G_CHECK(cudaGetLastError())
 #define G_STREAM(s) ((cudaStream_t)(s))
 
+// Attributes of the current device, queried once per device (g_common.cu): the SM count (132 when
+// it cannot be read) and the opt-in shared memory per block (48 KiB when it cannot be read).
+int g_num_sms(void);
+int g_smem_optin(void);
+
 // Concurrent GEMMs (k_gemm.cu): y[M,N] = x[M,K].w[N,K]^T, bf16 out, on stream s with
 // side handle `side` (0..G_SIDE_STREAMS-1; -1 = the thread's main handle).
 #define G_SIDE_STREAMS 4

@@ -692,22 +692,21 @@ static int attn_launch(dim3 grid, size_t sm, cudaStream_t st, const uint16_t *q,
 // The wgmma path runs only on a compute 9.0 device whose loaded code for it is the sm_90a build
 // (a PTX-only build compiles the kernel body away: few registers), when its shared memory fits, and
 // unless V41_ATTN_NO_WGMMA is set (A/B comparisons against the mma.sync kernel).
-static bool aw_usable(int dev, int cps)
+static bool aw_usable(int cps)
 {
     static int ok = -1;   /* -1 unknown, 0 no, 1 yes */
-    static int smem_optin = 0;
     if (ok < 0) {
-        int maj = 0, mnr = 0;
+        int dev = 0, maj = 0, mnr = 0;
+        cudaGetDevice(&dev);
         cudaDeviceGetAttribute(&maj, cudaDevAttrComputeCapabilityMajor, dev);
         cudaDeviceGetAttribute(&mnr, cudaDevAttrComputeCapabilityMinor, dev);
-        cudaDeviceGetAttribute(&smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev);
         cudaFuncAttributes fa;
         const char *env = getenv("V41_ATTN_NO_WGMMA");
         ok = maj == 9 && mnr == 0 && !(env && env[0] && env[0] != '0') &&
              cudaFuncGetAttributes(&fa, g_sparse_attn_wgmma_kernel) == cudaSuccess && fa.numRegs >= 128;
         (void)cudaGetLastError();
     }
-    return ok == 1 && aw_smem_bytes(cps) <= (size_t)smem_optin;
+    return ok == 1 && aw_smem_bytes(cps) <= (size_t)g_smem_optin();
 }
 
 extern "C" int v41g_sparse_attn(const uint16_t *q, const uint16_t *kv_a, const uint16_t *kv_b,
@@ -726,9 +725,8 @@ extern "C" int v41g_sparse_attn(const uint16_t *q, const uint16_t *kv_a, const u
     // per SM fits (shared memory), so pick the split count with the fewest sequential chunk steps
     // (waves x chunks per CTA), the fewest splits on ties (each split adds partial traffic + a merge).
     // The wgmma path merges the splits inside a cluster: at most AW_MAX_NS of them.
-    int dev = 0, nsm = 132;
-    if (cudaGetDevice(&dev) == cudaSuccess) cudaDeviceGetAttribute(&nsm, cudaDevAttrMultiProcessorCount, dev);
-    const bool wg_ok = d == 512 && MT == 64 && aw_usable(dev, AT_MAX_CPS);
+    const int nsm = g_num_sms();
+    const bool wg_ok = d == 512 && MT == 64 && aw_usable(AT_MAX_CPS);
     int NS = 1, cps = nchunks;
     long best = -1;
     for (int ns = 1; ns <= ((long)T * tiles < nsm ? nchunks : 1); ns++) {   // enough rows: never split
@@ -739,7 +737,7 @@ extern "C" int v41g_sparse_attn(const uint16_t *q, const uint16_t *kv_a, const u
         if (best < 0 || cost < best) { best = cost; NS = nse; cps = c; }
     }
     at_smem Ly = at_layout(d, cps, MT);
-    if (wg_ok && aw_usable(dev, cps)) {   // sm_90a wgmma path (see above); NS > 1: one cluster of NS CTAs per (row, tile)
+    if (wg_ok && aw_usable(cps)) {   // sm_90a wgmma path (see above); NS > 1: one cluster of NS CTAs per (row, tile)
         const size_t sm = aw_smem_bytes(cps);
         G_CHECK(cudaFuncSetAttribute(g_sparse_attn_wgmma_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sm));
         G_CHECK(cudaFuncSetAttribute(g_sparse_attn_wgmma_kernel, cudaFuncAttributePreferredSharedMemoryCarveout, 100));

@@ -497,22 +497,8 @@ extern "C" int v41g_cand_mask(const float *I, const int32_t *Lc_, const int32_t 
     if (m <= 0 || B <= 0) return (int)cudaErrorInvalidValue;
     // shared memory: the keys when they fit the device's opt-in limit (beyond the default 48 KiB the
     // kernel's limit is raised, as k_attn.cu does; a function attribute, allowed during a capture)
-    static int optin_cache[16];   // per device (host memory; the same value from every thread)
     static size_t static_sm = 0;  // the kernel's static shared memory
-    int dev = 0, optin = 48 * 1024;
-    if (cudaGetDevice(&dev) != cudaSuccess) {
-        cudaGetLastError();
-        dev = -1;
-    }
-    if (dev >= 0 && dev < 16 && optin_cache[dev] > 0) optin = optin_cache[dev];
-    else if (dev >= 0) {
-        if (cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev) == cudaSuccess) {
-            if (dev < 16) optin_cache[dev] = optin;
-        } else {
-            cudaGetLastError();
-            optin = 48 * 1024;
-        }
-    }
+    const int optin = g_smem_optin();
     size_t ssm = static_sm;
     if (!ssm) {
         cudaFuncAttributes fa;

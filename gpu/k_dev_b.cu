@@ -357,13 +357,7 @@ extern "C" int v41g_argmax_rows(const float *x, int T, int V, int32_t *out, v41g
         return 0;
     }
     // about 4 CTAs per SM over all rows, at least AM_MIN_CHUNK elements each
-    int dev = 0, nsm = 132;
-    if (cudaGetDevice(&dev) != cudaSuccess ||
-        cudaDeviceGetAttribute(&nsm, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess) {
-        cudaGetLastError();
-        nsm = 132;
-    }
-    if (nsm < 1) nsm = 1;
+    const int nsm = g_num_sms();
     int splits = (int)((4 * (int64_t)nsm + T - 1) / T);
     int64_t chunk = ((int64_t)V + splits - 1) / splits;
     if (chunk < AM_MIN_CHUNK) chunk = AM_MIN_CHUNK;

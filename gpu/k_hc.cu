@@ -255,8 +255,8 @@ static int hm_run(const uint16_t *X, const uint16_t *fn2, const float *base, con
     const size_t smem = (size_t)NST * (R + Sh::NF) * 128;
     auto kern = g_hc_mix_kernel<H, MT, WM, NST>;
     G_CHECK(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
-    int dev = 0, nsm = 132, cps = 1;
-    if (cudaGetDevice(&dev) == cudaSuccess) cudaDeviceGetAttribute(&nsm, cudaDevAttrMultiProcessorCount, dev);
+    const int nsm = g_num_sms();
+    int cps = 1;
     if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&cps, kern, NTHR, smem) != cudaSuccess) {
         cudaGetLastError();   // (not sticky) fall back to one CTA per SM
         cps = 1;
@@ -264,7 +264,7 @@ static int hm_run(const uint16_t *X, const uint16_t *fn2, const float *base, con
     if (cps < 1) cps = 1;
     // K split S: the fewest sequential block steps per CTA slot (waves x (blocks + 2); the 2 stand
     // for a CTA's pipeline fill and partial write), the fewest splits on ties (each split adds
-    // T x NPP floats of partials and work for the finish).
+    // T x NPP floats of partials and work for the sum kernel).
     const int tiles = (T + R - 1) / R, nkb = (n + HM_KC - 1) / HM_KC;
     const long slots = (long)nsm * cps;
     int S = 1;

@@ -226,8 +226,7 @@ template <int MT, int KU>
 static int ixf_launch(const uint16_t *q, const float *w, const uint16_t *k, const int64_t *kbase,
                       const int32_t *visible, int T, int nI, int S, float *I, cudaStream_t st)
 {
-    int dev = 0, nsm = 132;
-    if (cudaGetDevice(&dev) == cudaSuccess) cudaDeviceGetAttribute(&nsm, cudaDevAttrMultiProcessorCount, dev);
+    const int nsm = g_num_sms();
     // Keys per block 256*G (32-key groups per warp). Many waves of work (long rows or a big batch): G = 4, as
     // tuned at 64K. A few waves: each block is a Q fill and a first round of loads with nothing to overlap them,
     // and each wave ends in a drain, so take fewer, longer blocks (more groups per warp, the next group's loads

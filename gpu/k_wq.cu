@@ -451,18 +451,6 @@ bool wq_valid(const v41g_wq *W)
     return ((uintptr_t)W->w | (uintptr_t)W->w_stride) % 16 == 0;
 }
 
-int num_sms()
-{
-    static int n = 0;
-    if (!n) {
-        int dev = 0;
-        if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess ||
-            n <= 0)
-            n = 132;
-    }
-    return n;
-}
-
 // activation rows per m tile: 8..128 (wgmma N); the mma.sync kernel takes at most 64 (NT = 8)
 int bm_for(int rows, bool wg) { return rows <= 8 ? 8 : rows <= 16 ? 16 : rows <= 32 ? 32 : rows <= 64 || !wg ? 64 : 128; }
 
@@ -534,7 +522,7 @@ int split_for(const v41g_wq *W, int M, bool wg, size_t ws_bytes, int *kps)
 {
     const int BM = bm_for(M, wg), KT = (W->K + 63) / 64;
     const long ctas = (long)((W->N + WQ_BN - 1) / WQ_BN) * ((M + BM - 1) / BM);
-    const long slots = (long)per_sm(W->fmt, BM, wg) * num_sms();
+    const long slots = (long)per_sm(W->fmt, BM, wg) * g_num_sms();
     const size_t per = sizeof(float) * (size_t)M * W->N;
     int sp = 1;
     long best = -1;
