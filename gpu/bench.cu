@@ -388,6 +388,53 @@ void fill_bytes(bench &B, uint8_t *p, size_t n, uint64_t seed, uint32_t mask)
 const uint32_t FP8_CODES = 0xf7, FP4_CODES = 0xff;
 void fill_scales(bench &B, uint8_t *p, size_t n) { cudaMemsetAsync(p, 120, n, B.st); }   // e8m0 2^-7
 
+// Bytes of a storage-format Linear: codes + e8m0 scales (fp8: 32 x 32 blocks; fp4: 1 x 32 groups).
+double stored_bytes(const v41g_wq &q)
+{
+    return q.fmt == V41G_WQ_FP8 ? (double)q.N * q.K + (double)((q.N + 31) / 32) * (q.K / 32)
+                                : (double)q.N * q.K / 2 + (double)q.N * (q.K / 32);
+}
+
+// An fp8 Linear [N][K] (e4m3 codes from seed, e8m0 scales per 32 x 32 block). Random codes stand
+// for tiled codes: the callers' shapes are whole 128 x 64 tiles, where both sizes agree.
+v41g_wq fp8_weight(bench &B, int N, int K, uint64_t seed)
+{
+    const size_t nc = (size_t)N * K, ns = (size_t)((N + 31) / 32) * (K / 32);
+    uint8_t *c = (uint8_t *)B.alloc(nc), *sc = (uint8_t *)B.alloc(ns);
+    fill_bytes(B, c, nc, seed, FP8_CODES);
+    fill_scales(B, sc, ns);
+    return v41g_wq{V41G_WQ_FP8, N, K, 0, c, sc, 0, 0};
+}
+
+// The Flash MoE's experts in their storage format (whole tiles: 2I = 4608, D = 5120, I = 2304):
+// routed experts fp4 (w1|w3 [E][2I][D/2] + scales [E][2I][D/32], w2 [E][D][I/2] + [E][D][I/32]),
+// the shared expert fp8 (w1|w3 [2I][D], w2 [D][I], 32 x 32 scale blocks). Codes from seed ..
+// seed + 3 (routed w1|w3, routed w2, shared w1|w3, shared w2). Bytes: one routed expert's codes +
+// scales, and the shared expert's.
+struct moe_storage {
+    v41g_wq W13, W2, W13s, W2s;
+    double expert_bytes, shared_bytes;
+};
+moe_storage make_moe_storage(bench &B, uint64_t seed)
+{
+    const size_t c13 = (size_t)2 * IM * D / 2, s13 = (size_t)2 * IM * (D / 32), c2 = (size_t)D * IM / 2,
+                 s2 = (size_t)D * (IM / 32);
+    uint8_t *q13 = (uint8_t *)B.alloc(E * c13), *q13sc = (uint8_t *)B.alloc(E * s13);
+    uint8_t *q2 = (uint8_t *)B.alloc(E * c2), *q2sc = (uint8_t *)B.alloc(E * s2);
+    fill_bytes(B, q13, E * c13, seed, FP4_CODES);
+    fill_bytes(B, q2, E * c2, seed + 1, FP4_CODES);
+    fill_scales(B, q13sc, E * s13);
+    fill_scales(B, q2sc, E * s2);
+    moe_storage m;
+    m.W13 = {V41G_WQ_FP4, 2 * IM, D, 0, q13, q13sc, (long long)c13, (long long)s13};
+    m.W2 = {V41G_WQ_FP4, D, IM, 0, q2, q2sc, (long long)c2, (long long)s2};
+    m.W13s = fp8_weight(B, 2 * IM, D, seed + 2);
+    m.W2s = fp8_weight(B, D, IM, seed + 3);
+    m.expert_bytes = stored_bytes(m.W13) + stored_bytes(m.W2);
+    m.shared_bytes = stored_bytes(m.W13s) + stored_bytes(m.W2s);
+    return m;
+}
+
 // median_s of the first record of op whose name (if non-empty) and params (if non-empty) match; -1: none
 double find_op(const bench &B, const char *op, const std::string &name, const std::string &params)
 {
@@ -433,8 +480,7 @@ void wq(bench &B, bool quick)
             }
             if (!f8 && !fp4_codes) { fill_bytes(B, codes, wmax, 52, FP4_CODES); fp4_codes = true; }
             v41g_wq W = {s.fmt, s.N, s.K, 0, codes, scales, 0, 0};
-            const double wby = f8 ? (double)s.N * s.K + (double)((s.N + 31) / 32) * (s.K / 32)
-                                  : (double)s.N * s.K / 2 + (double)s.N * (s.K / 32);
+            const double wby = stored_bytes(W);
             for (int i = 0; i < 4; i++) {
                 const int M = f8 ? M8[i] : M4[i];
                 if (quick && M != (f8 ? 64 : 8)) continue;
@@ -457,40 +503,20 @@ void wq(bench &B, bool quick)
         B.free_all();
     }
 
-    // MoE (whole tiles again: 2I = 4608, D = 5120, I = 2304): routed experts fp4 (w1|w3 [E][2I][D/2] + scales [E][2I][D/32], w2 [E][D][I/2] + [E][D][I/32]),
-    // shared expert fp8 (w1|w3 [2I][D] + [2I/32][D/32], w2 [D][I] + [D/32][I/32]); the gate bf16, as in moe
-    const size_t c13 = (size_t)2 * IM * D / 2, s13 = (size_t)2 * IM * (D / 32), c2 = (size_t)D * IM / 2,
-                 s2 = (size_t)D * (IM / 32);
-    const size_t cs13 = (size_t)2 * IM * D, ss13 = (size_t)(2 * IM / 32) * (D / 32), cs2 = (size_t)D * IM,
-                 ss2 = (size_t)(D / 32) * (IM / 32);
-    uint8_t *q13 = (uint8_t *)B.alloc(E * c13), *q13sc = (uint8_t *)B.alloc(E * s13);
-    uint8_t *q2 = (uint8_t *)B.alloc(E * c2), *q2sc = (uint8_t *)B.alloc(E * s2);
-    uint8_t *qs13 = (uint8_t *)B.alloc(cs13), *qs13sc = (uint8_t *)B.alloc(ss13);
-    uint8_t *qs2 = (uint8_t *)B.alloc(cs2), *qs2sc = (uint8_t *)B.alloc(ss2);
-    fill_bytes(B, q13, E * c13, 54, FP4_CODES);
-    fill_bytes(B, q2, E * c2, 55, FP4_CODES);
-    fill_bytes(B, qs13, cs13, 56, FP8_CODES);
-    fill_bytes(B, qs2, cs2, 57, FP8_CODES);
-    fill_scales(B, q13sc, E * s13);
-    fill_scales(B, q2sc, E * s2);
-    fill_scales(B, qs13sc, ss13);
-    fill_scales(B, qs2sc, ss2);
-    const v41g_wq W13 = {V41G_WQ_FP4, 2 * IM, D, 0, q13, q13sc, (long long)c13, (long long)s13};
-    const v41g_wq W2 = {V41G_WQ_FP4, D, IM, 0, q2, q2sc, (long long)c2, (long long)s2};
-    const v41g_wq W13s = {V41G_WQ_FP8, 2 * IM, D, 0, qs13, qs13sc, 0, 0};
-    const v41g_wq W2s = {V41G_WQ_FP8, D, IM, 0, qs2, qs2sc, 0, 0};
+    // MoE: fp4 routed experts, fp8 shared expert; the gate bf16, as in moe
+    const moe_storage ms = make_moe_storage(B, 54);
     uint16_t *gateW = (uint16_t *)B.alloc((size_t)E * D * 2);
     v41g_fill_bf16(gateW, (size_t)E * D, 34, 0.02f, B.st);
     int Ts[] = {512, 4096};
     for (int T : Ts) {
         if (quick && T != 512) continue;
         int ne;
-        const v41g_moe m = {T, D, IM, E, KA, 10.0f, NULL, NULL, NULL, NULL, &W13, &W2, &W13s, &W2s};
+        const v41g_moe m = {T, D, IM, E, KA, 10.0f, NULL, NULL, NULL, NULL, &ms.W13, &ms.W2, &ms.W13s, &ms.W2s};
         // graph-replayed: the storage-format path never waits for the host (the bf16 moe op does,
         // for its per-expert row counts, so it is timed without a graph)
         double t = time_moe(B, m, gateW, T, true, &ne);
         double fl = 2.0 * T * (KA + 1) * 3.0 * D * IM + 2.0 * T * E * D;
-        double by = ne * (double)(c13 + s13 + c2 + s2) + (double)(cs13 + ss13 + cs2 + ss2) + E * D * 2.0 + 2.0 * T * D * 2;
+        double by = ne * ms.expert_bytes + ms.shared_bytes + E * D * 2.0 + 2.0 * T * D * 2;
         // dense cuBLAS at equal FLOPs: the moe section's moe_dense_equiv, else timed here the same way
         double td = find_op(B, "gemm", fmt("moe_dense_equiv_T%d", T), "");
         if (td < 0) td = time_moe_dense(B, T, NULL, NULL);
@@ -708,33 +734,15 @@ void layer(bench &B, int T, bool decode, int ctx, bool packed)
     float *base = f32(NM, 0.1f), *s3 = f32(4, 1.0f), *sink = f32(H, 1.0f);
     uint16_t *w13 = packed ? NULL : bf((size_t)E * 2 * IM * D, 0.02f), *w2 = packed ? NULL : bf((size_t)E * D * IM, 0.02f);
     uint16_t *w13s = packed ? NULL : bf((size_t)2 * IM * D, 0.02f), *w2s = packed ? NULL : bf((size_t)D * IM, 0.02f);
-    // storage-format weights (packed): random codes stand for tiled codes (whole 128 x 64 tiles)
-    auto fp8w = [&](int N, int K, uint64_t seed) {
-        const size_t nc = (size_t)N * K, ns = (size_t)((N + 31) / 32) * (K / 32);
-        uint8_t *c = (uint8_t *)B.alloc(nc), *sc = (uint8_t *)B.alloc(ns);
-        fill_bytes(B, c, nc, seed, FP8_CODES);
-        fill_scales(B, sc, ns);
-        return v41g_wq{V41G_WQ_FP8, N, K, 0, c, sc, 0, 0};
-    };
-    v41g_wq Qa = {}, Qb = {}, Qkv = {}, Qi = {}, Qo = {}, Q13 = {}, Q2 = {}, Q13s = {}, Q2s = {};
+    // storage-format weights (packed)
+    v41g_wq Qa = {}, Qb = {}, Qkv = {}, Qi = {}, Qo = {};
+    moe_storage Qm = {};
     double wq_bytes = 0;   /* storage bytes of the packed Linears of the attention half */
     if (packed) {
-        Qa = fp8w(QL, D, 60); Qb = fp8w(H * HD, QL, 61); Qkv = fp8w(HD, D, 62); Qi = fp8w(NI * DI, QL, 63);
-        Qo = fp8w(D, G * OL, 64);
-        for (const v41g_wq *q : {&Qa, &Qb, &Qkv, &Qi, &Qo})
-            wq_bytes += (double)q->N * q->K + (double)((q->N + 31) / 32) * (q->K / 32);
-        const size_t c13 = (size_t)2 * IM * D / 2, s13 = (size_t)2 * IM * (D / 32), c2 = (size_t)D * IM / 2,
-                     s2 = (size_t)D * (IM / 32);
-        uint8_t *q13 = (uint8_t *)B.alloc(E * c13), *q13sc = (uint8_t *)B.alloc(E * s13);
-        uint8_t *q2 = (uint8_t *)B.alloc(E * c2), *q2sc = (uint8_t *)B.alloc(E * s2);
-        fill_bytes(B, q13, E * c13, 65, FP4_CODES);
-        fill_bytes(B, q2, E * c2, 66, FP4_CODES);
-        fill_scales(B, q13sc, E * s13);
-        fill_scales(B, q2sc, E * s2);
-        Q13 = {V41G_WQ_FP4, 2 * IM, D, 0, q13, q13sc, (long long)c13, (long long)s13};
-        Q2 = {V41G_WQ_FP4, D, IM, 0, q2, q2sc, (long long)c2, (long long)s2};
-        Q13s = fp8w(2 * IM, D, 67);
-        Q2s = fp8w(D, IM, 68);
+        Qa = fp8_weight(B, QL, D, 60); Qb = fp8_weight(B, H * HD, QL, 61); Qkv = fp8_weight(B, HD, D, 62);
+        Qi = fp8_weight(B, NI * DI, QL, 63); Qo = fp8_weight(B, D, G * OL, 64);
+        for (const v41g_wq *q : {&Qa, &Qb, &Qkv, &Qi, &Qo}) wq_bytes += stored_bytes(*q);
+        Qm = make_moe_storage(B, 65);
     }
     // scratch of the packed path: split-K workspace (M < 256) or the dequantized weight (M >= 256)
     size_t pk_ws = 0;
@@ -770,7 +778,7 @@ void layer(bench &B, int T, bool decode, int ctx, bool packed)
     v41g_h2d(dpos, pos.data(), T * 4); v41g_h2d(dvis, vis.data(), T * 4); v41g_h2d(dkb, kb.data(), T * 8);
     v41g_h2d(dlist, list.data(), list.size() * 4);
     v41g_moe m = {T, D, IM, E, KA, 10.0f, w13, w2, w13s, w2s, NULL, NULL, NULL, NULL};
-    if (packed) { m.q13 = &Q13; m.q2 = &Q2; m.q13s = &Q13s; m.q2s = &Q2s; }
+    if (packed) { m.q13 = &Qm.W13; m.q2 = &Qm.W2; m.q13s = &Qm.W13s; m.q2s = &Qm.W2s; }
     // a Linear of the attention half: bf16 weights through cuBLAS, or the packed path
     auto lin = [&](const v41g_wq &q, const uint16_t *wb, const uint16_t *in, uint16_t *out, int N, int K) {
         if (!packed) return v41g_gemm_bf16(in, wb, out, T, N, K, 0, 1, 0, 0, 0, B.st);
@@ -844,8 +852,7 @@ void layer(bench &B, int T, bool decode, int ctx, bool packed)
     B.rec("layer", nm + "_attn_half", p, attn_fl, attn_w + kvb + act, ta);
     // MoE: the experts that got tokens are read once
     double touched = distinct_experts(eidx, (size_t)T * KA);
-    double moe_w = packed ? touched * (3.0 * IM * D / 2 + 3.0 * IM * (D / 32)) + 3.0 * IM * D + 3.0 * IM * D / 1024 +
-                                (double)E * D * 2
+    double moe_w = packed ? touched * Qm.expert_bytes + Qm.shared_bytes + (double)E * D * 2
                           : touched * 3.0 * IM * D * 2 + 3.0 * IM * D * 2 + (double)E * D * 2;
     double moe_fl = 2.0 * T * (KA + 1) * 3.0 * D * IM + 2.0 * T * E * D;
     B.rec("layer", nm + "_ffn_half", p, moe_fl, moe_w + act, tf);
