@@ -505,11 +505,54 @@ void wq(bench &B, bool quick)
 
     // MoE: fp4 routed experts, fp8 shared expert; the gate bf16, as in moe
     const moe_storage ms = make_moe_storage(B, 54);
+    // The routed experts' grouped GEMMs alone (v41g_wq_gemm_grouped, what v41g_moe_ffn runs for
+    // them): T tokens, each on KA distinct uniformly drawn experts, rows sorted by expert; w1||w3
+    // reads the tokens through the row list, w2 the sorted rows. Bytes: the stored weights of the
+    // experts that got rows + activations in + out.
+    for (int T : {64, 512}) {
+        if (quick && T != 64) continue;
+        const int A = T * KA;
+        std::vector<int> cnt(E, 0), pick;
+        uint64_t sd = 0x5eed + T;
+        std::vector<std::pair<int, int>> asg;   // (expert, token)
+        for (int t = 0; t < T; t++) {
+            pick.clear();
+            while ((int)pick.size() < KA) {
+                sd = sd * 6364136223846793005ull + 1442695040888963407ull;
+                const int e = (int)((sd >> 33) % E);
+                if (std::find(pick.begin(), pick.end(), e) == pick.end()) pick.push_back(e);
+            }
+            for (int e : pick) { asg.push_back({e, t}); cnt[e]++; }
+        }
+        std::sort(asg.begin(), asg.end());
+        std::vector<int32_t> off(E + 1, 0), xrow(A);
+        for (int e = 0; e < E; e++) off[e + 1] = off[e] + cnt[e];
+        for (int p = 0; p < A; p++) xrow[p] = asg[p].second;
+        int ne = 0;
+        for (int e = 0; e < E; e++) ne += cnt[e] > 0;
+        int32_t *doff = (int32_t *)B.alloc(off.size() * 4), *dxrow = (int32_t *)B.alloc(xrow.size() * 4);
+        v41g_h2d(doff, off.data(), off.size() * 4);
+        v41g_h2d(dxrow, xrow.data(), xrow.size() * 4);
+        uint16_t *x = (uint16_t *)B.alloc((size_t)T * D * 2), *h = (uint16_t *)B.alloc((size_t)A * IM * 2);
+        uint16_t *y13 = (uint16_t *)B.alloc((size_t)A * 2 * IM * 2), *y2 = (uint16_t *)B.alloc((size_t)A * D * 2);
+        v41g_fill_bf16(x, (size_t)T * D, 55, 1.0f, B.st);
+        v41g_fill_bf16(h, (size_t)A * IM, 56, 1.0f, B.st);
+        const struct { const char *nm; const v41g_wq *W; const int32_t *xr; const uint16_t *x; uint16_t *y; } g[] = {
+            {"w13", &ms.W13, dxrow, x, y13}, {"w2", &ms.W2, NULL, h, y2}};
+        for (auto &q : g) {
+            double t = B.time([&] { return v41g_wq_gemm_grouped(q.W, E, doff, q.xr, q.x, A, q.y, 0, B.st); });
+            const double wb = stored_bytes(*q.W);   // one expert's codes + scales
+            B.rec("wq", fmt("expert_%s_fp4_grouped_T%d", q.nm, T),
+                  fmt("{\"T\":%d,\"rows\":%d,\"experts\":%d,\"experts_used\":%d,\"N\":%d,\"K\":%d}", T, A, E, ne,
+                      q.W->N, q.W->K),
+                  2.0 * A * q.W->N * q.W->K, ne * wb + 2.0 * (q.xr ? (double)T : A) * q.W->K + 2.0 * A * q.W->N, t);
+        }
+    }
     uint16_t *gateW = (uint16_t *)B.alloc((size_t)E * D * 2);
     v41g_fill_bf16(gateW, (size_t)E * D, 34, 0.02f, B.st);
-    int Ts[] = {512, 4096};
+    int Ts[] = {64, 512, 4096};   // a decode batch, then the issue's two token counts
     for (int T : Ts) {
-        if (quick && T != 512) continue;
+        if (quick && T == 4096) continue;
         int ne;
         const v41g_moe m = {T, D, IM, E, KA, 10.0f, NULL, NULL, NULL, NULL, &ms.W13, &ms.W2, &ms.W13s, &ms.W2s};
         // graph-replayed: the storage-format path never waits for the host (the bf16 moe op does,

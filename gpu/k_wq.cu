@@ -61,6 +61,7 @@ struct wq_args {
     int out_f32;
     float *part;                 /* split-K partials [gridDim.z][M][N], or NULL */
     int kt_per_split;
+    int xr;                      /* g_wq_gemv_kernel: activation rows per m tile (1..8) */
 };
 
 __host__ __device__ constexpr int wq_wrow(int fmt) { return fmt == V41G_WQ_FP8 ? 64 : 32; }   /* code bytes per row per k tile */
@@ -384,6 +385,129 @@ __global__ void __launch_bounds__(256, 1) g_wq_wgmma_kernel(wq_args a)
 #endif
 }
 
+// ---- decode kernel (any sm_80+ device; M <= 8 rows, or groups of a few rows): no block-level
+// pipeline. The CTA's activation rows (at most XR = a.xr <= 8) of its k range are staged once in
+// shared memory, in the A-fragment column order (below), and every warp then streams its own 32
+// weight rows of the 128-row band straight from global memory into registers: tile kt of warp w is
+// the contiguous bytes [32w, 32w + 32) rows x WROW of the 4/8 KB tile, each thread 8 (fp4) or 16
+// (fp8) bytes of 4 rows, loaded P tiles ahead (P * 1 KB per warp in flight) with their scale bytes.
+// There is no __syncthreads in the k loop, so a warp never waits for another warp or for a
+// shared-memory stage, only for its own loads; the g_wq_wgmma_kernel, by contrast, syncs its 256
+// threads and waits for its wgmma group at every 64-column tile, which at 1..8 activation rows
+// leaves it latency-bound (about 1 TB/s over the MoE's experts).
+// mma.sync m16n8k16 with the weight rows as M (two m16 tiles a warp) and the activation rows as N
+// (thread g of a quad-row holds row g of B): rows past XR give zero B fragments without loads.
+// Activation row r of the staged copy: tile t (of the CTA's k range) at r * xs + 128 t bytes
+// (xs = 128 * tiles + 16: consecutive rows 4 banks apart, so the 8 rows x 4 threads of one 16-byte
+// load phase hit distinct banks), column k of the tile at position wq_pos_of(k): thread c's 16
+// values of all four k-steps are the 32 bytes at 32c, word 2s / 2s + 1 = B registers b0 / b1 of
+// k-step s (columns 16s + 2c, +1 and 16s + 2c + 8, +9).
+template <int FMT> struct wq_gv {
+#ifndef WQ_GV_P8
+#define WQ_GV_P8 2
+#define WQ_GV_P4 4
+#define WQ_GV_MINB 4
+#endif
+    static constexpr int P = FMT == V41G_WQ_FP8 ? WQ_GV_P8 : WQ_GV_P4;   /* tiles in flight per warp (4 KB either way) */
+    static constexpr int RW = FMT == V41G_WQ_FP8 ? 4 : 2;  /* 32-bit code words per row per tile */
+};
+__device__ __forceinline__ void wq_ld_stream(uint32_t *r, const uint8_t *p, int words)
+{
+    if (words == 4)
+        asm volatile("ld.global.nc.L1::no_allocate.L2::256B.v4.u32 {%0,%1,%2,%3}, [%4];\n"
+                     : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "l"(p));
+    else
+        asm volatile("ld.global.nc.L1::no_allocate.L2::256B.v2.u32 {%0,%1}, [%2];\n" : "=r"(r[0]), "=r"(r[1]) : "l"(p));
+}
+template <int FMT>
+__global__ void __launch_bounds__(128, WQ_GV_MINB) g_wq_gemv_kernel(wq_args a)
+{
+    constexpr int WROW = wq_wrow(FMT), WT = WQ_BN * WROW, P = wq_gv<FMT>::P, RW = wq_gv<FMT>::RW;
+    extern __shared__ __align__(16) unsigned char wq_smg[];
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, c = lane & 3;
+    wq_cta C(a, a.xr);
+    if (C.mbeg >= C.mend || C.kt0 >= C.kt1) return;
+    const int XR = a.xr, nt = C.kt1 - C.kt0, xs = 128 * nt + 16;
+    const uint8_t *Wb = a.w + (size_t)C.grp * a.w_stride + (size_t)blockIdx.x * C.KT * WT;
+    // rows i = 2 mt + half: warp row 8i + g, codes at wrow + i * 8 WROW; scale row at C.S + soff[i]
+    const uint8_t *wrow = Wb + (warp * 32 + g) * WROW + (WROW / 4) * c;
+    uint32_t soff[4];
+#pragma unroll
+    for (int i = 0; i < 4; i++) soff[i] = (uint32_t)(wq_srow<FMT>(a, C.S, C.n0 + warp * 32 + 8 * i + g) - C.S);
+    // slot u: the codes of tile kt (4 rows x RW words) and its two scale bytes per row (K % 64 == 0
+    // and 2-byte aligned scale rows, checked by the host: one 16-bit load), rows 2h, 2h+1 in word h
+    uint32_t raw[P][4][RW], sc[P][2];
+    auto sbytes = [&](int i, int kt) -> uint32_t { return __ldg((const unsigned short *)(C.S + soff[i] + 2 * kt)); };
+    // tile kt into slot u (past the range: the last tile again, unused; branch-free, so the slots
+    // stay in registers)
+    auto fetch = [&](int kt, int u) {
+        kt = min(kt, C.kt1 - 1);
+        const uint8_t *p = wrow + (size_t)kt * WT;
+#pragma unroll
+        for (int i = 0; i < 4; i++) wq_ld_stream(raw[u][i], p + i * 8 * WROW, RW);
+        sc[u][0] = sbytes(0, kt) | sbytes(1, kt) << 16;
+        sc[u][1] = sbytes(2, kt) | sbytes(3, kt) << 16;
+    };
+    for (int m0 = C.mbeg; m0 < C.mend; m0 += XR) {
+        const int mrows = min(XR, C.mend - m0);
+#pragma unroll
+        for (int u = 0; u < P; u++) fetch(C.kt0 + u, u);   /* the weights do not depend on the rows */
+        if (m0 > C.mbeg) __syncthreads();   // every warp is done with the previous rows
+        // stage the rows: 16-byte source chunks (row r, tile t, columns 8j..8j+7) -> 4 words each
+        for (int q = tid; q < mrows * nt * 8; q += 128) {
+            const int r = q / (nt * 8), t = (q / 8) % nt, j = q % 8, k = (C.kt0 + t) * 64 + 8 * j;
+            uint4 v = make_uint4(0, 0, 0, 0);
+            if (k < a.K) v = *(const uint4 *)(a.x + (size_t)(a.xrow ? a.xrow[m0 + r] : m0 + r) * a.K + k);
+            uint32_t *dst = (uint32_t *)(wq_smg + r * xs + 128 * t);
+            const uint32_t w4[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+            for (int h = 0; h < 4; h++) dst[wq_pos_of(8 * j + 2 * h) >> 1] = w4[h];
+        }
+        __syncthreads();
+        float acc[2][4] = {{0.0f, 0.0f, 0.0f, 0.0f}, {0.0f, 0.0f, 0.0f, 0.0f}};
+        const unsigned char *xg = wq_smg + g * xs + 32 * c;
+        for (int kb = C.kt0; kb < C.kt1; kb += P) {
+#pragma unroll
+            for (int u = 0; u < P; u++) {
+                // past the range: zero B against the slot's (finite) repeated tile adds exact zeros
+                const int kt = kb + u;
+                uint4 b01 = make_uint4(0, 0, 0, 0), b23 = b01;
+                if (g < mrows && kt < C.kt1) {
+                    b01 = *(const uint4 *)(xg + 128 * (kt - C.kt0));
+                    b23 = *(const uint4 *)(xg + 128 * (kt - C.kt0) + 16);
+                }
+                const uint32_t bw[8] = {b01.x, b01.y, b01.z, b01.w, b23.x, b23.y, b23.z, b23.w};
+                uint32_t mul[4][2];
+#pragma unroll
+                for (int i = 0; i < 4; i++) {
+                    const uint32_t e = sc[u][i >> 1] >> (16 * (i & 1)), e0 = e & 0xFFu, e1 = (e >> 8) & 0xFFu;
+                    mul[i][0] = FMT == V41G_WQ_FP8 ? wq_mul_fp8(e0) : wq_mul_fp4(e0);
+                    mul[i][1] = FMT == V41G_WQ_FP8 ? wq_mul_fp8(e1) : wq_mul_fp4(e1);
+                }
+#pragma unroll
+                for (int s = 0; s < 4; s++) {
+                    uint32_t af[4][2];
+#pragma unroll
+                    for (int i = 0; i < 4; i++) wq_step<FMT>(raw[u][i], s, mul[i], af[i][0], af[i][1]);
+#pragma unroll
+                    for (int mt = 0; mt < 2; mt++)
+                        g_mma_bf16(acc[mt], af[2 * mt][0], af[2 * mt + 1][0], af[2 * mt][1], af[2 * mt + 1][1],
+                                   bw[2 * s], bw[2 * s + 1]);
+                }
+                fetch(kt + P, u);
+            }
+        }
+        // acc[mt][e] = (weight row 16mt + g (+8 for e >= 2) of the warp, activation row 2c (+1 for odd e))
+#pragma unroll
+        for (int mt = 0; mt < 2; mt++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                const int n = C.n0 + warp * 32 + 16 * mt + g + (e >> 1) * 8, r = 2 * c + (e & 1);
+                if (n < a.N && r < mrows) wq_store(a, m0, r, n, acc[mt][e]);
+            }
+    }
+}
+
 // y = sum over splits (in split order) of the partials
 __global__ void g_wq_reduce_kernel(const float *__restrict__ part, int splits, size_t MN, void *y, int out_f32)
 {
@@ -538,6 +662,66 @@ int split_for(const v41g_wq *W, int M, bool wg, size_t ws_bytes, int *kps)
     return (KT + *kps - 1) / *kps;
 }
 
+// The decode kernel (g_wq_gemv_kernel) serves dense calls of M <= 8 rows and grouped calls of at
+// most 8 rows per group on average, unless V41_WQ_NO_GEMV is set (read at every call: the tests
+// compare it with the tiled kernels), K % 64 != 0, or its staged rows do not fit shared memory.
+bool use_gemv()
+{
+    const char *env = getenv("V41_WQ_NO_GEMV");
+    return !(env && env[0] && env[0] != '0');
+}
+size_t gemv_smem(int xr, int kps) { return (size_t)xr * (128 * (size_t)kps + 16); }
+// (the kernel loads both scale bytes of a 64-column tile at once: K % 64 == 0, scale rows and
+// groups 2-byte aligned)
+bool gemv_ok(const v41g_wq *W, int xr, int kps)
+{
+    return W->K % 64 == 0 && ((uintptr_t)W->s | (uintptr_t)W->s_stride) % 2 == 0 &&
+           gemv_smem(xr, kps) <= (size_t)g_smem_optin();
+}
+// Split count of a dense decode call: enough CTAs for about four per SM (the kernel keeps 4 warps x
+// P tiles in flight per CTA), at least 4 k tiles per split, the partials within ws.
+int split_gemv(const v41g_wq *W, int M, size_t ws_bytes, int *kps)
+{
+    const int KT = (W->K + 63) / 64;
+    const long ctas = (W->N + WQ_BN - 1) / WQ_BN, want = 4L * g_num_sms();
+    const size_t per = sizeof(float) * (size_t)M * W->N;
+    int sp = (int)std::min<long>(std::max(1, KT / 4), (want + ctas - 1) / ctas);
+    *kps = (KT + sp - 1) / sp;
+    sp = (KT + *kps - 1) / *kps;
+    while (sp > 1 && per * sp > ws_bytes) {
+        *kps = (KT + sp - 2) / (sp - 1);
+        sp = (KT + *kps - 1) / *kps;
+    }
+    return sp;
+}
+// the split plan of a dense call: gemv or the tiled kernels (wg: wgmma or mma.sync)
+int plan(const v41g_wq *W, int M, bool wg, size_t ws_bytes, int *kps, bool *gv)
+{
+    *gv = false;
+    if (M <= 8 && use_gemv()) {
+        int k, sp = split_gemv(W, M, ws_bytes, &k);
+        if (gemv_ok(W, M, k)) {
+            *gv = true;
+            *kps = k;
+            return sp;
+        }
+    }
+    return split_for(W, M, wg, ws_bytes, kps);
+}
+int launch_gemv(int fmt, dim3 grid, const wq_args &a, cudaStream_t st)
+{
+    const int sm = (int)gemv_smem(a.xr, a.kt_per_split);
+    if (fmt == V41G_WQ_FP8) {
+        if (int rc = set_smem(g_wq_gemv_kernel<V41G_WQ_FP8>, sm)) return rc;
+        g_wq_gemv_kernel<V41G_WQ_FP8><<<grid, 128, sm, st>>>(a);
+    } else {
+        if (int rc = set_smem(g_wq_gemv_kernel<V41G_WQ_FP4>, sm)) return rc;
+        g_wq_gemv_kernel<V41G_WQ_FP4><<<grid, 128, sm, st>>>(a);
+    }
+    G_LAUNCHED();
+    return 0;
+}
+
 template <int FMT, int BM>
 int launch_t(dim3 grid, const wq_args &a, cudaStream_t st, bool wg)
 {
@@ -572,6 +756,7 @@ wq_args args_of(const v41g_wq *W, const uint16_t *x, int M, void *y, int out_f32
     a.x = x; a.xrow = NULL; a.off = NULL; a.M = M;
     a.y = y; a.out_f32 = out_f32; a.part = NULL;
     a.kt_per_split = (W->K + 63) / 64;
+    a.xr = 8;
     return a;
 }
 
@@ -595,7 +780,8 @@ extern "C" int v41g_wq_tile(int fmt, int N, int K, const uint8_t *codes, uint8_t
 extern "C" size_t v41g_wq_ws_bytes(const v41g_wq *W, int M)
 {
     if (!wq_valid(W) || M <= 0) return 0;
-    int kps, sp = split_for(W, M, use_wgmma(), (size_t)-1, &kps);
+    bool gv;
+    int kps, sp = plan(W, M, use_wgmma(), (size_t)-1, &kps, &gv);
     return sp > 1 ? sizeof(float) * (size_t)sp * M * W->N : 0;
 }
 
@@ -608,10 +794,15 @@ extern "C" int v41g_wq_gemm(const v41g_wq *W, const uint16_t *x, int M, void *y,
     const bool wg = use_wgmma();
     const int BM = bm_for(M, wg);
     wq_args a = args_of(W, x, M, y, out_f32);
-    const int sp = split_for(W, M, wg, ws ? ws_bytes : 0, &a.kt_per_split);
+    bool gv;
+    const int sp = plan(W, M, wg, ws ? ws_bytes : 0, &a.kt_per_split, &gv);
     if (sp > 1) a.part = (float *)ws;
-    const dim3 grid((W->N + WQ_BN - 1) / WQ_BN, (M + BM - 1) / BM, sp);
-    int rc = launch(W->fmt, BM, grid, a, st, wg);
+    int rc;
+    if (gv) {
+        a.xr = M;
+        rc = launch_gemv(W->fmt, dim3((W->N + WQ_BN - 1) / WQ_BN, 1, sp), a, st);
+    } else
+        rc = launch(W->fmt, BM, dim3((W->N + WQ_BN - 1) / WQ_BN, (M + BM - 1) / BM, sp), a, st, wg);
     if (rc || sp == 1) return rc;
     const size_t MN = (size_t)M * W->N;
     g_wq_reduce_kernel<<<(unsigned)((MN + 255) / 256), 256, 0, st>>>(a.part, sp, MN, y, out_f32);
@@ -630,6 +821,12 @@ extern "C" int v41g_wq_gemm_grouped(const v41g_wq *W, int G, const int32_t *off,
     wq_args a = args_of(W, x, M_total, y, out_f32);
     a.off = off;
     a.xrow = xrow;
+    const int mean = (M_total + G - 1) / G;
+    if (mean <= 8 && use_gemv()) {
+        a.xr = mean <= 2 ? 4 : 8;   /* groups of more rows loop over m tiles (the weights again) */
+        if (gemv_ok(W, a.xr, a.kt_per_split))
+            return launch_gemv(W->fmt, dim3((W->N + WQ_BN - 1) / WQ_BN, G, 1), a, G_STREAM(s));
+    }
     return launch(W->fmt, BM, dim3((W->N + WQ_BN - 1) / WQ_BN, G, 1), a, G_STREAM(s), wg);
 }
 

@@ -98,6 +98,43 @@ START_TEST(test_rope)
         v41g_free(dx); v41g_free(dp); v41g_free(df);
         free(x); free(y); free(g);
     }
+    /* Shapes where the vectorized kernel takes several rows a block, the last block partial (on a
+     * GPU of >= 100 SMs: rpb 2 for these row counts), incl. the model's q shape: against the CPU as
+     * above, and bit for bit against the one-pair-a-thread kernel, which v41g_rope takes for x only
+     * 8-byte aligned (the same buffer 4 elements in). */
+    static const int shp[][4] = {{1001, 3, 64, 16}, {531, 64, 512, 64}, {37, 1, 512, 64}};
+    for (int c = 0; c < 3; c++) {
+        int R = shp[c][0], Hh = shp[c][1], D = shp[c][2], Rr = shp[c][3];
+        float fq[32];
+        cr_rope_freqs(Rr, 160000.0, 65536, 16.0, 32, 1, fq);
+        int32_t *ps = malloc(4 * (size_t)R);
+        for (int i = 0; i < R; i++) ps[i] = i == 0 ? 0 : i == 1 ? 200000 : rng_int(70000);   /* 200000: sinf's slow path */
+        size_t N = (size_t)R * Hh * D;
+        int32_t *dp = up(ps, 4 * (size_t)R);
+        float *df = up(fq, 4 * (size_t)(Rr / 2));
+        for (int inv = 0; inv < 2; inv++) {
+            uint16_t *x = rand_bf16(N, 2.0f), *y = malloc(2 * N), *xo = malloc(2 * (N + 4));
+            memcpy(y, x, 2 * N);
+            memcpy(xo + 4, x, 2 * N);
+            memset(xo, 0, 8);
+            cr_rope(y, ps, fq, R, Hh, D, Rr, inv);
+            uint16_t *dx = up(x, 2 * N), *dxo = up(xo, 2 * (N + 4));
+            ck_assert_int_eq(v41g_rope(dx, dp, df, R, Hh, D, Rr, inv, NULL), 0);
+            ck_assert_int_eq(v41g_rope(dxo + 4, dp, df, R, Hh, D, Rr, inv, NULL), 0);
+            uint16_t *g = down(dx, 2 * N), *go = down(dxo, 2 * (N + 4));
+            check_bf16(inv ? "rope inverse (rows a block)" : "rope (rows a block)", g, y, N, 4.0 * 9.6e-7, BF_ULP);
+            size_t e = 0;   /* vectorized == generic, bit for bit */
+            while (e < N && g[e] == go[4 + e]) e++;
+            ck_assert_msg(e == N, "rope shape %d inv %d: vectorized %04x != generic %04x at %zu", c, inv,
+                          e < N ? g[e] : 0, e < N ? go[4 + e] : 0, e);
+            for (size_t rr = 0; rr < (size_t)R * Hh; rr++)   /* first d-r dims untouched */
+                ck_assert_msg(!memcmp(g + rr * D, x + rr * D, 2 * (size_t)(D - Rr)), "rope shape %d: head %zu", c, rr);
+            v41g_free(dx); v41g_free(dxo);
+            free(x); free(y); free(xo); free(g); free(go);
+        }
+        v41g_free(dp); v41g_free(df);
+        free(ps);
+    }
 }
 END_TEST
 
@@ -294,6 +331,54 @@ START_TEST(test_attn_random)
 }
 END_TEST
 
+/* Flash-shaped decode batches of different sizes, one after another in one process (the other
+ * cases run each in a fresh process): the split count, and on sm_90a the cluster size, changes
+ * from call to call (1 and 8 rows: the mma.sync kernel with list splits; 33 rows: 4 splits; 40:
+ * 3; 64: 2), as in an engine whose decode batch grows and shrinks. Each call against the CPU
+ * (tolerance as above), and a repeated size bitwise equal to its first run. */
+START_TEST(test_attn_sequence)
+{
+    static const int Ts[] = {1, 8, 33, 64, 40, 1, 64, 33, 8};
+    enum { NSEQ = sizeof Ts / sizeof Ts[0], TMAX = 64 };
+    const attn_case base = {TMAX, 64, 512, 128, 512, 4096, 8192, 128, 512, 1};
+    rng_seed(650);
+    const int L = base.W + base.C, H = base.H, d = base.d;
+    const size_t nq = (size_t)TMAX * H * d;
+    uint16_t *q = rand_bf16(nq, 1.0f), *ka = rand_bf16((size_t)base.nA * d, 1.0f),
+             *kb = rand_bf16((size_t)base.nB * d, 1.0f);
+    float *sink = rand_f32(H, 2.0f);
+    int32_t *idx = make_list(&base, L);
+    const float scale = 1.0f / sqrtf((float)d) * 4.0f;
+    uint16_t *dq = up(q, 2 * nq), *dka = up(ka, 2 * (size_t)base.nA * d), *dkb = up(kb, 2 * (size_t)base.nB * d);
+    int32_t *didx = up(idx, 4 * (size_t)TMAX * L);
+    float *dsink = up(sink, 4 * H);
+    uint16_t *first[TMAX + 1] = {NULL};
+    for (int i = 0; i < NSEQ; i++) {
+        const int T = Ts[i];
+        const size_t n = (size_t)T * H * d;
+        uint16_t *dout = dpoison(2 * n);
+        ck_assert_int_eq(v41g_sparse_attn(dq, dka, dkb, didx, L, base.W, dsink, scale, T, H, d, dout, NULL), 0);
+        uint16_t *g = down(dout, 2 * n);   /* (synchronises: a launch failure shows here) */
+        v41g_free(dout);
+        if (first[T]) {
+            ck_assert_msg(!memcmp(first[T], g, 2 * n), "sparse_attn T=%d (call %d): not bitwise equal to its first run", T, i);
+            free(g);
+            continue;
+        }
+        uint16_t *o = malloc(2 * n);
+        cr_sparse_attn(q, ka, kb, idx, L, base.W, sink, scale, T, H, d, o);
+        char what[64];
+        snprintf(what, sizeof what, "sparse_attn sequence T=%d (call %d)", T, i);
+        check_bf16(what, g, o, n, 4e-3, BF_ULP);
+        free(o);
+        first[T] = g;
+    }
+    for (int t = 0; t <= TMAX; t++) free(first[t]);
+    v41g_free(dq); v41g_free(dka); v41g_free(dkb); v41g_free(didx); v41g_free(dsink);
+    free(q); free(ka); free(kb); free(sink); free(idx);
+}
+END_TEST
+
 /* Constant K=V with padding: DSpark lists (W + B = 133 real keys padded to 256)
  * and a decode list with -1s at the front: the output must be exactly the
  * constant (padding has zero weight, all p = 1 exactly). Also: a row whose
@@ -475,8 +560,9 @@ static Suite *gpu_suite(void)
     suite_add_tcase(s, tc);
     tc = tcase_create("attention");
     tcase_set_timeout(tc, 120);
-    tcase_add_loop_test(tc, test_attn_random, 0, 6);
+    tcase_add_loop_test(tc, test_attn_random, 0, (int)(sizeof attn_cases / sizeof attn_cases[0]));
     tcase_add_test(tc, test_attn_constant);
+    tcase_add_test(tc, test_attn_sequence);
     suite_add_tcase(s, tc);
     tc = tcase_create("indexer");
     tcase_set_timeout(tc, 120);

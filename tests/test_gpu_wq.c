@@ -12,7 +12,9 @@
  *     FFN over the dequantized bf16 copies (w13/w2/w13s/w2s);
  *   - bad arguments: an error, nothing written;
  *   - the GEMM shapes again with V41_WQ_NO_WGMMA=1 (the mma.sync kernel; on an sm_90a build the
- *     wgmma kernel runs by default).
+ *     wgmma kernel runs by default) and with V41_WQ_NO_GEMV=1 (M <= 8 and grouped calls of at
+ *     most 8 rows a group on average take the decode kernel g_wq_gemv_kernel by default when
+ *     K % 64 == 0; grouped cases with 2 and 3 rows a group on average cover it there).
  * The codes go to the device in the checkpoint layout and are tiled there by v41g_wq_tile (each
  * group into NaN-poisoned memory, so a tile byte it failed to write or pad breaks a result).
  * Inputs: bf16-exact x (uniform, act_quant'ed as the fp8/fp4 Linears' inputs are, and
@@ -316,6 +318,16 @@ START_TEST(test_gemm_mma_fallback)
 }
 END_TEST
 
+/* the same shapes with the decode kernel off (V41_WQ_NO_GEMV, read at every call): M <= 8 through
+ * the tiled kernels */
+START_TEST(test_gemm_no_gemv)
+{
+    setenv("V41_WQ_NO_GEMV", "1", 1);
+    gemm_case(_i % 2 ? V41G_WQ_FP4 : V41G_WQ_FP8, _i / 2);
+    unsetenv("V41_WQ_NO_GEMV");
+}
+END_TEST
+
 /* fp8 row slices of a checkpoint tensor: rows r0..r0+N of a [r0 + N, K] weight, the scales of the
  * full tensor (rebase: the same slice described from scale row r0 / 32 with r0 % 32) */
 typedef struct { int r0, rebase, M, N, K; } sl_case;
@@ -333,14 +345,22 @@ START_TEST(test_gemm_slice)
 END_TEST
 
 /* ------------------------------------------------------------ v41g_wq_gemm_grouped */
-typedef struct { int fmt, N, K, gather; } gr_case;
-static const gr_case gr_cases[] = {{V41G_WQ_FP4, 96, 160, 1}, {V41G_WQ_FP4, 33, 64, 0}, {V41G_WQ_FP8, 40, 96, 1},
-                                   {V41G_WQ_FP8, 129, 512, 0}};
+/* row-count sets: 0: 81 rows (17 a group on average: the tiled kernels); 1: 15 rows (3 on average:
+ * the decode kernel, 8-row m tiles, the 9-row group in two); 2: 8 rows (2 on average: 4-row m
+ * tiles, the 5-row group in two). The decode kernel needs K % 64 == 0 (else the tiled kernels). */
+typedef struct { int fmt, N, K, gather, set; } gr_case;
+static const gr_case gr_cases[] = {{V41G_WQ_FP4, 96, 160, 1, 0}, {V41G_WQ_FP4, 33, 64, 0, 0},
+                                   {V41G_WQ_FP8, 40, 96, 1, 0},  {V41G_WQ_FP8, 129, 512, 0, 0},
+                                   {V41G_WQ_FP4, 300, 512, 1, 1}, {V41G_WQ_FP8, 129, 512, 1, 2},
+                                   {V41G_WQ_FP4, 96, 128, 0, 2}, {V41G_WQ_FP8, 70, 2048, 0, 1},
+                                   {V41G_WQ_FP4, 40, 96, 1, 1}};
 START_TEST(test_grouped)
 {
     const gr_case c = gr_cases[_i];
-    enum { G = 5, T = 27, KA = 3 };                    /* gather: T tokens with KA assignments each */
-    static const int counts[G] = {0, 1, 7, 70, 3};   /* sum = T * KA */
+    enum { G = 5 };
+    static const int sets[3][G] = {{0, 1, 7, 70, 3}, {0, 1, 2, 9, 3}, {0, 1, 2, 5, 0}};
+    static const int tka[3][2] = {{27, 3}, {5, 3}, {4, 2}};   /* gather: T tokens with KA assignments each, T * KA rows */
+    const int *counts = sets[c.set], T = tka[c.set][0], KA = tka[c.set][1];
     int32_t off[G + 1] = {0};
     for (int g = 0; g < G; g++) off[g + 1] = off[g] + counts[g];
     const int MT = off[G], N = c.N, K = c.K;
@@ -350,7 +370,7 @@ START_TEST(test_grouped)
     /* the sorted problem of a MoE: row p is assignment perm[p] (a random order), i.e. token perm[p] / KA */
     int32_t *xrow = NULL;
     if (c.gather) {
-        int32_t perm[T * KA];
+        int32_t perm[27 * 3];
         for (int i = 0; i < MT; i++) perm[i] = i;
         for (int i = MT - 1; i > 0; i--) { int j = rng_int(i + 1), t = perm[i]; perm[i] = perm[j]; perm[j] = t; }
         xrow = malloc(sizeof(int32_t) * MT);
@@ -371,8 +391,8 @@ START_TEST(test_grouped)
     float *y = down(dy, 4 * ny), *y2 = down(dy2, 4 * ny);
     uint16_t *b = down(db, 2 * ny);
     char what[128];
-    snprintf(what, sizeof what, "grouped %s N%d K%d %s", c.fmt == V41G_WQ_FP8 ? "fp8" : "fp4", N, K,
-             c.gather ? "gathered" : "identity");
+    snprintf(what, sizeof what, "grouped %s N%d K%d %s, rows %d", c.fmt == V41G_WQ_FP8 ? "fp8" : "fp4", N, K,
+             c.gather ? "gathered" : "identity", MT);
     check_out(what, y, 1, exp, mag, ny, K);
     check_same(what, y, y2, 4 * ny);
     check_out(what, b, 0, exp, mag, ny, K);
@@ -660,6 +680,7 @@ static Suite *wq_suite(void)
     tcase_add_loop_test(tc, test_gemm_fp4, 0, N_GM);
     tcase_add_loop_test(tc, test_gemm_slice, 0, (int)(sizeof sl_cases / sizeof sl_cases[0]));
     tcase_add_loop_test(tc, test_gemm_mma_fallback, 0, 2 * N_GM);
+    tcase_add_loop_test(tc, test_gemm_no_gemv, 0, 2 * N_GM);
     suite_add_tcase(s, tc);
     tc = tcase_create("grouped");
     tcase_set_timeout(tc, 120);
