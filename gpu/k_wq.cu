@@ -103,6 +103,17 @@ __device__ __forceinline__ void wq_cvt_fp4(uint32_t v, uint32_t mul, uint32_t &p
     p01 = *(uint32_t *)&ra;
     p23 = *(uint32_t *)&rb;
 }
+// 4 e2m1 codes (nibble j of v = element j) as their exact bf16 values (no scale): bf16x2 of
+// elements 0,1 and 2,3 (wq_cvt_fp4 without the multiply).
+__device__ __forceinline__ void wq_dec_fp4(uint32_t v, uint32_t &p01, uint32_t &p23)
+{
+    const uint32_t sel = v & 0x7777u;
+    const uint32_t hi = __byte_perm(0x3F3F3F00u, 0x40404040u, sel);
+    const uint32_t lo = __byte_perm(0xC0800000u, 0xC0804000u, sel);
+    const uint32_t t = v & 0x8888u;
+    p01 = __byte_perm(lo, hi, 0x5140) | ((t * 0x01001000u) & 0x80008000u);
+    p23 = __byte_perm(lo, hi, 0x7362) | ((t * 0x00010010u) & 0x80008000u);
+}
 // Multiplier of an e8m0 scale byte: fp8 path (bf16x2 2^(e-7); e in [10, 134], clamped), fp4 path
 // (bf16x2 2^(e-127)).
 __device__ __forceinline__ uint32_t wq_mul_fp8(uint32_t e)
@@ -434,24 +445,34 @@ __global__ void __launch_bounds__(128, WQ_GV_MINB) g_wq_gemv_kernel(wq_args a)
     uint32_t soff[4];
 #pragma unroll
     for (int i = 0; i < 4; i++) soff[i] = (uint32_t)(wq_srow<FMT>(a, C.S, C.n0 + warp * 32 + 8 * i + g) - C.S);
-    // slot u: the codes of tile kt (4 rows x RW words) and its two scale bytes per row (K % 64 == 0
-    // and 2-byte aligned scale rows, checked by the host: one 16-bit load), rows 2h, 2h+1 in word h
-    uint32_t raw[P][4][RW], sc[P][2];
-    auto sbytes = [&](int i, int kt) -> uint32_t { return __ldg((const unsigned short *)(C.S + soff[i] + 2 * kt)); };
-    // tile kt into slot u (past the range: the last tile again, unused; branch-free, so the slots
-    // stay in registers)
+    // slot u: the codes of tile kt (4 rows x RW words). Scale bytes come per group of P tiles (the
+    // host guarantees K % 256 == 0, k ranges of whole groups and 8-byte aligned scale rows): row i's
+    // 2P bytes in SW words, loaded one group ahead.
+    constexpr int SW = P / 2;
+    uint32_t raw[P][4][RW], scg[4][SW], scn[4][SW];
     auto fetch = [&](int kt, int u) {
         kt = min(kt, C.kt1 - 1);
         const uint8_t *p = wrow + (size_t)kt * WT;
 #pragma unroll
         for (int i = 0; i < 4; i++) wq_ld_stream(raw[u][i], p + i * 8 * WROW, RW);
-        sc[u][0] = sbytes(0, kt) | sbytes(1, kt) << 16;
-        sc[u][1] = sbytes(2, kt) | sbytes(3, kt) << 16;
+    };
+    auto sfetch = [&](int kb, uint32_t (&d)[4][SW]) {
+        kb = min(kb, C.kt1 - P);
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            const uint8_t *sp = C.S + soff[i] + 2 * kb;
+            if (SW == 2) {
+                const uint2 v = __ldg((const uint2 *)sp);
+                d[i][0] = v.x; d[i][SW - 1] = v.y;
+            } else
+                d[i][0] = __ldg((const uint32_t *)sp);
+        }
     };
     for (int m0 = C.mbeg; m0 < C.mend; m0 += XR) {
         const int mrows = min(XR, C.mend - m0);
 #pragma unroll
         for (int u = 0; u < P; u++) fetch(C.kt0 + u, u);   /* the weights do not depend on the rows */
+        sfetch(C.kt0, scg);
         if (m0 > C.mbeg) __syncthreads();   // every warp is done with the previous rows
         // stage the rows: 16-byte source chunks (row r, tile t, columns 8j..8j+7) -> 4 words each
         for (int q = tid; q < mrows * nt * 8; q += 128) {
@@ -467,35 +488,68 @@ __global__ void __launch_bounds__(128, WQ_GV_MINB) g_wq_gemv_kernel(wq_args a)
         float acc[2][4] = {{0.0f, 0.0f, 0.0f, 0.0f}, {0.0f, 0.0f, 0.0f, 0.0f}};
         const unsigned char *xg = wq_smg + g * xs + 32 * c;
         for (int kb = C.kt0; kb < C.kt1; kb += P) {
+            sfetch(kb + P, scn);
 #pragma unroll
             for (int u = 0; u < P; u++) {
-                // past the range: zero B against the slot's (finite) repeated tile adds exact zeros
                 const int kt = kb + u;
                 uint4 b01 = make_uint4(0, 0, 0, 0), b23 = b01;
-                if (g < mrows && kt < C.kt1) {
+                if (g < mrows) {
                     b01 = *(const uint4 *)(xg + 128 * (kt - C.kt0));
                     b23 = *(const uint4 *)(xg + 128 * (kt - C.kt0) + 16);
                 }
                 const uint32_t bw[8] = {b01.x, b01.y, b01.z, b01.w, b23.x, b23.y, b23.z, b23.w};
-                uint32_t mul[4][2];
+                if (FMT == V41G_WQ_FP4) {
+                    // e2m1 codes decode to their exact values; each 32-column block (k-steps 2b, 2b+1)
+                    // is summed on its own and scaled after, by the power of two 2^(e-127) (exact)
 #pragma unroll
-                for (int i = 0; i < 4; i++) {
-                    const uint32_t e = sc[u][i >> 1] >> (16 * (i & 1)), e0 = e & 0xFFu, e1 = (e >> 8) & 0xFFu;
-                    mul[i][0] = FMT == V41G_WQ_FP8 ? wq_mul_fp8(e0) : wq_mul_fp4(e0);
-                    mul[i][1] = FMT == V41G_WQ_FP8 ? wq_mul_fp8(e1) : wq_mul_fp4(e1);
-                }
+                    for (int bl = 0; bl < 2; bl++) {
+                        float part[2][4] = {{0.0f, 0.0f, 0.0f, 0.0f}, {0.0f, 0.0f, 0.0f, 0.0f}};
 #pragma unroll
-                for (int s = 0; s < 4; s++) {
-                    uint32_t af[4][2];
+                        for (int s = 2 * bl; s < 2 * bl + 2; s++) {
+                            uint32_t af[4][2];
 #pragma unroll
-                    for (int i = 0; i < 4; i++) wq_step<FMT>(raw[u][i], s, mul[i], af[i][0], af[i][1]);
+                            for (int i = 0; i < 4; i++) wq_dec_fp4(raw[u][i][s >> 1] >> (16 * (s & 1)), af[i][0], af[i][1]);
 #pragma unroll
-                    for (int mt = 0; mt < 2; mt++)
-                        g_mma_bf16(acc[mt], af[2 * mt][0], af[2 * mt + 1][0], af[2 * mt][1], af[2 * mt + 1][1],
-                                   bw[2 * s], bw[2 * s + 1]);
+                            for (int mt = 0; mt < 2; mt++)
+                                g_mma_bf16(part[mt], af[2 * mt][0], af[2 * mt + 1][0], af[2 * mt][1], af[2 * mt + 1][1],
+                                           bw[2 * s], bw[2 * s + 1]);
+                        }
+#pragma unroll
+                        for (int mt = 0; mt < 2; mt++)
+#pragma unroll
+                            for (int h = 0; h < 2; h++) {
+                                const int i = 2 * mt + h;
+                                const uint32_t e = (scg[i][u >> 1] >> (16 * (u & 1) + 8 * bl)) & 0xFFu;
+                                const float f = __uint_as_float(e ? e << 23 : 0x00400000u);   /* 2^(e-127) */
+                                acc[mt][2 * h] = fmaf(part[mt][2 * h], f, acc[mt][2 * h]);
+                                acc[mt][2 * h + 1] = fmaf(part[mt][2 * h + 1], f, acc[mt][2 * h + 1]);
+                            }
+                    }
+                } else {
+                    uint32_t mul[4][2];
+#pragma unroll
+                    for (int i = 0; i < 4; i++) {
+                        const uint32_t e = scg[i][0] >> (16 * u);
+                        mul[i][0] = wq_mul_fp8(e & 0xFFu);
+                        mul[i][1] = wq_mul_fp8((e >> 8) & 0xFFu);
+                    }
+#pragma unroll
+                    for (int s = 0; s < 4; s++) {
+                        uint32_t af[4][2];
+#pragma unroll
+                        for (int i = 0; i < 4; i++) wq_step<FMT>(raw[u][i], s, mul[i], af[i][0], af[i][1]);
+#pragma unroll
+                        for (int mt = 0; mt < 2; mt++)
+                            g_mma_bf16(acc[mt], af[2 * mt][0], af[2 * mt + 1][0], af[2 * mt][1], af[2 * mt + 1][1],
+                                       bw[2 * s], bw[2 * s + 1]);
+                    }
                 }
                 fetch(kt + P, u);
             }
+#pragma unroll
+            for (int i = 0; i < 4; i++)
+#pragma unroll
+                for (int w = 0; w < SW; w++) scg[i][w] = scn[i][w];
         }
         // acc[mt][e] = (weight row 16mt + g (+8 for e >= 2) of the warp, activation row 2c (+1 for odd e))
 #pragma unroll
@@ -664,18 +718,18 @@ int split_for(const v41g_wq *W, int M, bool wg, size_t ws_bytes, int *kps)
 
 // The decode kernel (g_wq_gemv_kernel) serves dense calls of M <= 8 rows and grouped calls of at
 // most 8 rows per group on average, unless V41_WQ_NO_GEMV is set (read at every call: the tests
-// compare it with the tiled kernels), K % 64 != 0, or its staged rows do not fit shared memory.
+// compare it with the tiled kernels), K % 256 != 0, or its staged rows do not fit shared memory.
 bool use_gemv()
 {
     const char *env = getenv("V41_WQ_NO_GEMV");
     return !(env && env[0] && env[0] != '0');
 }
 size_t gemv_smem(int xr, int kps) { return (size_t)xr * (128 * (size_t)kps + 16); }
-// (the kernel loads both scale bytes of a 64-column tile at once: K % 64 == 0, scale rows and
-// groups 2-byte aligned)
+// (the kernel loads the scale bytes of 4 (fp4) or 2 (fp8) tiles at once and runs whole groups of
+// 4 tiles: K % 256 == 0, k ranges of whole groups, 8-byte aligned scale rows and groups)
 bool gemv_ok(const v41g_wq *W, int xr, int kps)
 {
-    return W->K % 64 == 0 && ((uintptr_t)W->s | (uintptr_t)W->s_stride) % 2 == 0 &&
+    return W->K % 256 == 0 && kps % 4 == 0 && ((uintptr_t)W->s | (uintptr_t)W->s_stride) % 8 == 0 &&
            gemv_smem(xr, kps) <= (size_t)g_smem_optin();
 }
 // Split count of a dense decode call: enough CTAs for about four per SM (the kernel keeps 4 warps x
@@ -686,10 +740,11 @@ int split_gemv(const v41g_wq *W, int M, size_t ws_bytes, int *kps)
     const long ctas = (W->N + WQ_BN - 1) / WQ_BN, want = 4L * g_num_sms();
     const size_t per = sizeof(float) * (size_t)M * W->N;
     int sp = (int)std::min<long>(std::max(1, KT / 4), (want + ctas - 1) / ctas);
-    *kps = (KT + sp - 1) / sp;
+    auto kps_of = [&](int n) { return ((KT + n - 1) / n + 3) / 4 * 4; };   /* whole groups of 4 tiles */
+    *kps = kps_of(sp);
     sp = (KT + *kps - 1) / *kps;
     while (sp > 1 && per * sp > ws_bytes) {
-        *kps = (KT + sp - 2) / (sp - 1);
+        *kps = kps_of(sp - 1);
         sp = (KT + *kps - 1) / *kps;
     }
     return sp;
