@@ -1,6 +1,6 @@
 // k_moe.cu: MoE routing and grouped expert FFN (SPEC §8).
 //
-// Routing: one thread per token (E scores, top-k by repeated argmax with ties
+// Routing: one block per token (E scores once, top-k by repeated block argmax with ties
 // to the lower id). Expert FFN: a deterministic counting sort puts the
 // assignments in (expert, token) order (one block per expert compacts its
 // assignments in token order: no atomics, so the layout is reproducible), the
@@ -19,43 +19,84 @@
 
 #define MOE_KMAX 16
 
-__global__ void g_route_kernel(const float *__restrict__ logits, const float *__restrict__ bias, int T, int E, int k,
-                               int score_func, float temp, int norm, float route_scale, int32_t *idx, float *wts)
+// One block per token. Every expert's score s and value v = s + bias is computed once, by the same
+// formula as before (thread e % RT_THREADS), into shared memory; then each of the k picks is a block
+// reduction that reproduces the sequential scan "best = the first unused expert, replaced by any
+// later unused one with a larger v": the lowest-id maximum of the non-NaN values, unless the first
+// unused expert's v is NaN (no later value compares larger than NaN, so the scan keeps it). The
+// softmax statistics (score_func 1) keep their sequential order (one thread), so every score, pick
+// and weight is the one-thread-per-token kernel's, bit for bit.
+#define RT_THREADS 128
+__global__ void __launch_bounds__(RT_THREADS)
+g_route_kernel(const float *__restrict__ logits, const float *__restrict__ bias, int T, int E, int k,
+               int score_func, float temp, int norm, float route_scale, int32_t *idx, float *wts)
 {
-    int t = blockIdx.x * blockDim.x + threadIdx.x;
-    if (t >= T) return;
+    extern __shared__ float rt_sm[];   /* s[E], v[E], used[E] (bytes) */
+    float *S = rt_sm, *V = rt_sm + E;
+    unsigned char *used = (unsigned char *)(rt_sm + 2 * E);
+    __shared__ float st_mx, st_den;
+    __shared__ int r_best[RT_THREADS / 32], r_first[RT_THREADS / 32];
+    __shared__ float r_bv[RT_THREADS / 32];
+    __shared__ int chosen[MOE_KMAX];
+    const int t = blockIdx.x, tid = threadIdx.x, lane = tid & 31, w = tid >> 5;
     const float *l = logits + (size_t)t * E;
-    // score of expert e (recomputed on the fly: E can be large)
-    float mx = -INFINITY, den = 0.0f;
-    if (score_func == 1) {
+    if (score_func == 1 && tid == 0) {
+        float mx = -INFINITY, den = 0.0f;
         for (int e = 0; e < E; e++) mx = fmaxf(mx, l[e] / temp);
         for (int e = 0; e < E; e++) den += g_expf_ref(l[e] / temp - mx);
+        st_mx = mx; st_den = den;
     }
-    int chosen[MOE_KMAX];
-    float sc[MOE_KMAX];
+    __syncthreads();
+    for (int e = tid; e < E; e += RT_THREADS) {
+        const float z = l[e] / temp;
+        float sv;
+        if (score_func == 0) { float sp = z > 20.0f ? z : g_log1pf_ref(g_expf_ref(z)); sv = sqrtf(sp); }
+        else if (score_func == 1) sv = g_expf_ref(z - st_mx) / st_den;
+        else sv = 1.0f / (1.0f + g_expf_ref(-z));
+        S[e] = sv;
+        V[e] = sv + (bias ? bias[e] : 0.0f);
+        used[e] = 0;
+    }
+    __syncthreads();
     for (int j = 0; j < k; j++) {
-        int best = -1;
-        float bv = -INFINITY, bs = 0.0f;
-        for (int e = 0; e < E; e++) {
-            bool used = false;
-            for (int q = 0; q < j; q++) used |= chosen[q] == e;
-            if (used) continue;
-            float z = l[e] / temp, s;
-            if (score_func == 0) { float sp = z > 20.0f ? z : g_log1pf_ref(g_expf_ref(z)); s = sqrtf(sp); }
-            else if (score_func == 1) s = g_expf_ref(z - mx) / den;
-            else s = 1.0f / (1.0f + g_expf_ref(-z));
-            float v = s + (bias ? bias[e] : 0.0f);
-            if (best < 0 || v > bv) { best = e; bv = v; bs = s; }
+        int best = -1, first = E;
+        float bv = -INFINITY;
+        for (int e = tid; e < E; e += RT_THREADS) {   /* ascending: the first max of this thread's subset */
+            if (used[e]) continue;
+            first = min(first, e);
+            const float v = V[e];
+            if (v == v && (best < 0 || v > bv)) { best = e; bv = v; }
         }
-        chosen[j] = best; sc[j] = bs;
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) {
+            const int ob = __shfl_xor_sync(0xffffffffu, best, o), of = __shfl_xor_sync(0xffffffffu, first, o);
+            const float ov = __shfl_xor_sync(0xffffffffu, bv, o);
+            if (ob >= 0 && (best < 0 || ov > bv || (ov == bv && ob < best))) { best = ob; bv = ov; }
+            first = min(first, of);
+        }
+        if (lane == 0) { r_best[w] = best; r_bv[w] = bv; r_first[w] = first; }
+        __syncthreads();
+        if (tid == 0) {
+            for (int q = 1; q < RT_THREADS / 32; q++) {
+                const int ob = r_best[q];
+                if (ob >= 0 && (best < 0 || r_bv[q] > bv || (r_bv[q] == bv && ob < best))) { best = ob; bv = r_bv[q]; }
+                first = min(first, r_first[q]);
+            }
+            const int pick = (first < E && V[first] != V[first]) || best < 0 ? first : best;
+            chosen[j] = pick;
+            used[pick] = 1;
+        }
+        __syncthreads();
     }
-    float sum = 0.0f;
-    for (int j = 0; j < k; j++) sum += sc[j];
-    for (int j = 0; j < k; j++) {
-        float wv = sc[j];
-        if (norm && k > 1) wv /= (sum + 1e-20f);
-        idx[(size_t)t * k + j] = chosen[j];
-        wts[(size_t)t * k + j] = wv * route_scale;
+    if (tid == 0) {
+        float sum = 0.0f;
+        for (int j = 0; j < k; j++) sum += S[chosen[j]];
+        for (int j = 0; j < k; j++) {
+            float wv = S[chosen[j]];
+            if (norm && k > 1) wv /= (sum + 1e-20f);
+            idx[(size_t)t * k + j] = chosen[j];
+            wts[(size_t)t * k + j] = wv * route_scale;
+        }
     }
 }
 
@@ -64,8 +105,10 @@ extern "C" int v41g_moe_route(const float *logits, const float *bias, int T, int
 {
     if (T <= 0) return 0;
     if (k > MOE_KMAX || k > E) return (int)cudaErrorInvalidValue;
-    g_route_kernel<<<(T + 127) / 128, 128, 0, G_STREAM(s)>>>(logits, bias, T, E, k, score_func, temp, norm,
-                                                            route_scale, idx, wts);
+    const size_t sm = (size_t)E * (2 * sizeof(float) + 1);
+    if (sm > 48 * 1024) G_CHECK(cudaFuncSetAttribute(g_route_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sm));
+    g_route_kernel<<<T, RT_THREADS, sm, G_STREAM(s)>>>(logits, bias, T, E, k, score_func, temp, norm, route_scale,
+                                                      idx, wts);
     G_LAUNCHED();
     return 0;
 }
@@ -153,13 +196,37 @@ g_moe_sort_kernel(const int32_t *__restrict__ idx, int A, int pass, int32_t *cou
     if (pass == 0 && threadIdx.x == 0) counts[e] = before;
 }
 
-__global__ void g_moe_scan_kernel(const int32_t *counts, int E, int32_t *offsets)
+// offsets = exclusive prefix sum of counts (E + 1 entries), one block of 1024 threads over chunks of
+// 1024 experts (integer sums: exact in any order)
+__global__ void __launch_bounds__(1024) g_moe_scan_kernel(const int32_t *counts, int E, int32_t *offsets)
 {
-    if (threadIdx.x == 0 && blockIdx.x == 0) {
-        int s = 0;
-        for (int e = 0; e < E; e++) { offsets[e] = s; s += counts[e]; }
-        offsets[E] = s;
+    __shared__ int wsum[32];
+    __shared__ int carry;
+    const int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
+    if (threadIdx.x == 0) carry = 0;
+    __syncthreads();
+    for (int base = 0; base < E; base += 1024) {
+        const int e = base + threadIdx.x, v = e < E ? counts[e] : 0;
+        int inc = v;
+#pragma unroll
+        for (int o = 1; o < 32; o <<= 1) { const int n = __shfl_up_sync(0xffffffffu, inc, o); if (lane >= o) inc += n; }
+        if (lane == 31) wsum[w] = inc;
+        __syncthreads();
+        if (w == 0) {
+            const int x = wsum[lane];
+            int xi = x;
+#pragma unroll
+            for (int o = 1; o < 32; o <<= 1) { const int n = __shfl_up_sync(0xffffffffu, xi, o); if (lane >= o) xi += n; }
+            wsum[lane] = xi - x;   /* exclusive prefix of the warp totals */
+        }
+        __syncthreads();
+        const int c0 = carry;
+        if (e < E) offsets[e] = c0 + wsum[w] + inc - v;
+        __syncthreads();   // everyone has read carry and wsum
+        if (threadIdx.x == 1023) carry = c0 + wsum[31] + inc;   /* + the chunk's total */
+        __syncthreads();
     }
+    if (threadIdx.x == 0) offsets[E] = carry;
 }
 
 // xs[pos] = xq[perm[pos] / k]
@@ -316,7 +383,7 @@ extern "C" int v41g_moe_ffn(const v41g_moe *m, const uint16_t *x, const int32_t 
     if ((rc = v41g_act_quant(x, NULL, NULL, w.xq, m->T, D, s))) return rc;
     g_moe_sort_kernel<<<m->E, MS_THREADS, 0, st>>>(idx, A, 0, w.counts, NULL, NULL, NULL);
     G_LAUNCHED();
-    g_moe_scan_kernel<<<1, 32, 0, st>>>(w.counts, m->E, w.offsets);
+    g_moe_scan_kernel<<<1, 1024, 0, st>>>(w.counts, m->E, w.offsets);
     G_LAUNCHED();
     g_moe_sort_kernel<<<m->E, MS_THREADS, 0, st>>>(idx, A, 1, w.counts, w.offsets, w.perm, w.pos_of);
     G_LAUNCHED();

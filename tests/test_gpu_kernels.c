@@ -523,6 +523,29 @@ START_TEST(test_moe)
         v41g_free(dl); v41g_free(db); v41g_free(dw); v41g_free(di);
         free(gi); free(gw);
     }
+    /* V4.1-Flash routing (384 experts, top 6: several experts per thread of the block), logits on a
+     * coarse grid so that many values tie (ties go to the lower expert id) */
+    {
+        enum { TF = 20, EF = 384, KF = 6 };
+        float *lf = rand_f32((size_t)TF * EF, 3.0f), *bf = rand_f32(EF, 0.1f);
+        for (size_t i = 0; i < (size_t)TF * EF; i++) lf[i] = roundf(lf[i] * 2.0f) / 2.0f;
+        for (int e = 0; e < EF; e++) bf[e] = e % 3 ? 0.0f : 0.25f;
+        int32_t *fi = malloc(4 * TF * KF);
+        float *fw = malloc(4 * TF * KF);
+        for (int sf = 0; sf < 3; sf++) {
+            cr_moe_route(lf, bf, TF, EF, KF, sf, 1.0f, 1, 2.5f, fi, fw);
+            float *dl = up(lf, 4 * (size_t)TF * EF), *db = up(bf, 4 * EF), *dw = dpoison(4 * TF * KF);
+            int32_t *di = dpoison(4 * TF * KF);
+            ck_assert_int_eq(v41g_moe_route(dl, db, TF, EF, KF, sf, 1.0f, 1, 2.5f, di, dw, NULL), 0);
+            int32_t *gi = down(di, 4 * TF * KF);
+            float *gw = down(dw, 4 * TF * KF);
+            ck_assert_mem_eq(gi, fi, 4 * (size_t)TF * KF);
+            check_f32("route weights (384 experts)", gw, fw, (size_t)TF * KF, 1e-6, 1e-5);
+            v41g_free(dl); v41g_free(db); v41g_free(dw); v41g_free(di);
+            free(gi); free(gw);
+        }
+        free(lf); free(bf); free(fi); free(fw);
+    }
     uint16_t *w13 = rand_bf16((size_t)E * 2 * I * D, 0.1f), *w2 = rand_bf16((size_t)E * D * I, 0.1f);
     uint16_t *w13s = rand_bf16((size_t)2 * I * D, 0.1f), *w2s = rand_bf16((size_t)D * I, 0.1f);
     uint16_t *x = rand_bf16((size_t)T * D, 2.0f), *out = malloc(2 * (size_t)T * D);
