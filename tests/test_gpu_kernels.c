@@ -504,6 +504,24 @@ START_TEST(test_topk)
 END_TEST
 
 /* ------------------------------------------------------------ MoE */
+/* v41g_moe_route against the CPU for the three score functions: the same expert ids, weights within
+ * expf/log1pf ulps. idx/wts: the CPU's result (of the last score function on return). */
+static void route_check(const char *what, const float *logits, const float *bias, int T, int E, int k, float temp,
+                        float scale, int32_t *idx, float *wts)
+{
+    for (int sf = 0; sf < 3; sf++) {
+        cr_moe_route(logits, bias, T, E, k, sf, temp, 1, scale, idx, wts);
+        float *dl = up(logits, 4 * (size_t)T * E), *db = up(bias, 4 * (size_t)E), *dw = dpoison(4 * (size_t)T * k);
+        int32_t *di = dpoison(4 * (size_t)T * k);
+        ck_assert_int_eq(v41g_moe_route(dl, db, T, E, k, sf, temp, 1, scale, di, dw, NULL), 0);
+        int32_t *gi = down(di, 4 * (size_t)T * k);
+        float *gw = down(dw, 4 * (size_t)T * k);
+        ck_assert_mem_eq(gi, idx, 4 * (size_t)T * k);
+        check_f32(what, gw, wts, (size_t)T * k, 1e-6, 1e-5);   /* expf/log1pf ulps */
+        v41g_free(dl); v41g_free(db); v41g_free(dw); v41g_free(di);
+        free(gi); free(gw);
+    }
+}
 START_TEST(test_moe)
 {
     int T = 37, D = 128, I = 64, E = 8, k = 2;
@@ -511,18 +529,6 @@ START_TEST(test_moe)
     float *logits = rand_f32((size_t)T * E, 3.0f), *bias = rand_f32(E, 0.1f);
     int32_t *idx = malloc(4 * T * k);
     float *wts = malloc(4 * T * k);
-    for (int sf = 0; sf < 3; sf++) {
-        cr_moe_route(logits, bias, T, E, k, sf, 1.25f, 1, 1.5f, idx, wts);
-        float *dl = up(logits, 4 * (size_t)T * E), *db = up(bias, 4 * E), *dw = dpoison(4 * T * k);
-        int32_t *di = dpoison(4 * T * k);
-        ck_assert_int_eq(v41g_moe_route(dl, db, T, E, k, sf, 1.25f, 1, 1.5f, di, dw, NULL), 0);
-        int32_t *gi = down(di, 4 * T * k);
-        float *gw = down(dw, 4 * T * k);
-        ck_assert_mem_eq(gi, idx, 4 * (size_t)T * k);
-        check_f32("route weights", gw, wts, (size_t)T * k, 1e-6, 1e-5);   /* expf/log1pf ulps */
-        v41g_free(dl); v41g_free(db); v41g_free(dw); v41g_free(di);
-        free(gi); free(gw);
-    }
     /* V4.1-Flash routing (384 experts, top 6: several experts per thread of the block), logits on a
      * coarse grid so that many values tie (ties go to the lower expert id) */
     {
@@ -532,20 +538,10 @@ START_TEST(test_moe)
         for (int e = 0; e < EF; e++) bf[e] = e % 3 ? 0.0f : 0.25f;
         int32_t *fi = malloc(4 * TF * KF);
         float *fw = malloc(4 * TF * KF);
-        for (int sf = 0; sf < 3; sf++) {
-            cr_moe_route(lf, bf, TF, EF, KF, sf, 1.0f, 1, 2.5f, fi, fw);
-            float *dl = up(lf, 4 * (size_t)TF * EF), *db = up(bf, 4 * EF), *dw = dpoison(4 * TF * KF);
-            int32_t *di = dpoison(4 * TF * KF);
-            ck_assert_int_eq(v41g_moe_route(dl, db, TF, EF, KF, sf, 1.0f, 1, 2.5f, di, dw, NULL), 0);
-            int32_t *gi = down(di, 4 * TF * KF);
-            float *gw = down(dw, 4 * TF * KF);
-            ck_assert_mem_eq(gi, fi, 4 * (size_t)TF * KF);
-            check_f32("route weights (384 experts)", gw, fw, (size_t)TF * KF, 1e-6, 1e-5);
-            v41g_free(dl); v41g_free(db); v41g_free(dw); v41g_free(di);
-            free(gi); free(gw);
-        }
+        route_check("route weights (384 experts)", lf, bf, TF, EF, KF, 1.0f, 2.5f, fi, fw);
         free(lf); free(bf); free(fi); free(fw);
     }
+    route_check("route weights", logits, bias, T, E, k, 1.25f, 1.5f, idx, wts);   /* idx, wts: the FFN's input */
     uint16_t *w13 = rand_bf16((size_t)E * 2 * I * D, 0.1f), *w2 = rand_bf16((size_t)E * D * I, 0.1f);
     uint16_t *w13s = rand_bf16((size_t)2 * I * D, 0.1f), *w2s = rand_bf16((size_t)D * I, 0.1f);
     uint16_t *x = rand_bf16((size_t)T * D, 2.0f), *out = malloc(2 * (size_t)T * D);
