@@ -512,16 +512,13 @@ void wq(bench &B, bool quick)
     for (int T : {64, 512}) {
         if (quick && T != 64) continue;
         const int A = T * KA;
-        std::vector<int> cnt(E, 0), pick;
+        std::vector<int> cnt(E, 0);
+        std::vector<int32_t> pick;
         uint64_t sd = 0x5eed + T;
         std::vector<std::pair<int, int>> asg;   // (expert, token)
         for (int t = 0; t < T; t++) {
             pick.clear();
-            while ((int)pick.size() < KA) {
-                sd = sd * 6364136223846793005ull + 1442695040888963407ull;
-                const int e = (int)((sd >> 33) % E);
-                if (std::find(pick.begin(), pick.end(), e) == pick.end()) pick.push_back(e);
-            }
+            rand_sorted(pick, KA, E, 0, sd);   // KA distinct experts
             for (int e : pick) { asg.push_back({e, t}); cnt[e]++; }
         }
         std::sort(asg.begin(), asg.end());

@@ -133,6 +133,15 @@ template <typename T> __device__ __forceinline__ T g_warp_sum(T v) {
     for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
     return v;
 }
+// Inclusive prefix sum over the warp's lanes (lane i gets v_0 + ... + v_i; integer types: exact).
+template <typename T> __device__ __forceinline__ T g_warp_scan_incl(T v, int lane) {
+#pragma unroll
+    for (int o = 1; o < 32; o <<= 1) {
+        const T n = __shfl_up_sync(0xffffffffu, v, o);
+        if (lane >= o) v += n;
+    }
+    return v;
+}
 __device__ __forceinline__ float g_warp_max(float v) {
     for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
     return v;

@@ -403,11 +403,7 @@ __global__ void __launch_bounds__(CM_THREADS)
                     c[i] = hcnt[d + (d >> 3)];
                     tot += c[i];
                 }
-                uint32_t inc = tot;   // inclusive prefix over the lanes (higher digits first)
-                for (int o = 1; o < 32; o <<= 1) {
-                    const uint32_t y = __shfl_up_sync(0xffffffffu, inc, o);
-                    if (lane >= o) inc += y;
-                }
+                const uint32_t inc = g_warp_scan_incl(tot, lane);   // inclusive prefix over the lanes (higher digits first)
                 const uint32_t ex = inc - tot;
                 if (ex < rem && rem <= inc) {   // exactly one lane
                     uint32_t r = rem - ex;

@@ -294,16 +294,6 @@ __device__ __forceinline__ uint32_t g_score_key(float f)
     return (b & 0x8000u) ? (~b & 0xffffu) : (b | 0x8000u);
 }
 
-__device__ __forceinline__ int tk_scan_incl(int v, int lane)   // inclusive prefix sum over the warp
-{
-#pragma unroll
-    for (int o = 1; o < 32; o <<= 1) {
-        int n = __shfl_up_sync(0xffffffffu, v, o);
-        if (lane >= o) v += n;
-    }
-    return v;
-}
-
 // Threads 0..255 hold hv = count of bin tid (others 0); every thread calls. Finds the bin b with
 // base + #(bins >= b) >= kk > base + #(bins > b) and writes res = {b, base + #(> b), base + #(>= b)}.
 // Requires base < kk <= base + #(all bins).
@@ -443,8 +433,8 @@ g_topk_kernel(const float *__restrict__ I, const int32_t *__restrict__ visible, 
     } else {
         if (warp == 0) {   // this block's totals, for the cluster
             int e = lane < TK_W ? wc[0][lane] : 0, gt = lane < TK_W ? wc[1][lane] : 0;
-            e = tk_scan_incl(e, lane);
-            gt = tk_scan_incl(gt, lane);
+            e = g_warp_scan_incl(e, lane);
+            gt = g_warp_scan_incl(gt, lane);
             if (lane == 31) { cnt[0] = e; cnt[1] = gt; }
         }
         tk_csync<CL>();
@@ -452,18 +442,18 @@ g_topk_kernel(const float *__restrict__ I, const int32_t *__restrict__ visible, 
             // over the cluster's blocks in position order: ties before this block, its quota and output offset
             int e = 0, gt = 0;
             if (lane < CL) { e = tk_remote<CL>(&cnt[0], lane); gt = tk_remote<CL>(&cnt[1], lane); }
-            int ei = tk_scan_incl(e, lane);
+            int ei = g_warp_scan_incl(e, lane);
             int quota = max(0, min(e, need - (ei - e)));
-            int sc = gt + quota, si = tk_scan_incl(sc, lane);
+            int sc = gt + quota, si = g_warp_scan_incl(sc, lane);
             bquota = __shfl_sync(0xffffffffu, quota, rank);
             boff = __shfl_sync(0xffffffffu, si - sc, rank);
         }
     }
     if (warp == 0) {   // then over this block's warps
         int e = lane < TK_W ? wc[0][lane] : 0, gt = lane < TK_W ? wc[1][lane] : 0;
-        int ei = tk_scan_incl(e, lane);
+        int ei = g_warp_scan_incl(e, lane);
         int quota = max(0, min(e, bquota - (ei - e)));
-        int sc = gt + quota, si = tk_scan_incl(sc, lane);
+        int sc = gt + quota, si = g_warp_scan_incl(sc, lane);
         if (lane < TK_W) { wq[0][lane] = quota; wq[1][lane] = boff + si - sc; }
     }
     if constexpr (CL > 1) tk_cluster_arrive();   // this block's remote reads are done (the others may exit after the wait)

@@ -180,8 +180,7 @@ g_moe_sort_kernel(const int32_t *__restrict__ idx, int A, int pass, int32_t *cou
         if (lane == 0) wsum[w] = __popc(bal);
         __syncthreads();
         if (w == 0) {
-            int v = wsum[lane], inc = v;
-            for (int o = 1; o < 32; o <<= 1) { int n = __shfl_up_sync(0xffffffffu, inc, o); if (lane >= o) inc += n; }
+            const int v = wsum[lane], inc = g_warp_scan_incl(v, lane);
             wsum[lane] = inc - v;
             if (lane == 31) wsum[32] = inc;
         }
@@ -207,17 +206,12 @@ __global__ void __launch_bounds__(1024) g_moe_scan_kernel(const int32_t *counts,
     __syncthreads();
     for (int base = 0; base < E; base += 1024) {
         const int e = base + threadIdx.x, v = e < E ? counts[e] : 0;
-        int inc = v;
-#pragma unroll
-        for (int o = 1; o < 32; o <<= 1) { const int n = __shfl_up_sync(0xffffffffu, inc, o); if (lane >= o) inc += n; }
+        const int inc = g_warp_scan_incl(v, lane);
         if (lane == 31) wsum[w] = inc;
         __syncthreads();
         if (w == 0) {
             const int x = wsum[lane];
-            int xi = x;
-#pragma unroll
-            for (int o = 1; o < 32; o <<= 1) { const int n = __shfl_up_sync(0xffffffffu, xi, o); if (lane >= o) xi += n; }
-            wsum[lane] = xi - x;   /* exclusive prefix of the warp totals */
+            wsum[lane] = g_warp_scan_incl(x, lane) - x;   /* exclusive prefix of the warp totals */
         }
         __syncthreads();
         const int c0 = carry;

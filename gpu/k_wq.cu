@@ -88,31 +88,28 @@ __device__ __forceinline__ void wq_cvt_fp8(uint32_t u, uint32_t mul, uint32_t &p
     p01 = *(uint32_t *)&ra;
     p23 = *(uint32_t *)&rb;
 }
-// 4 e2m1 codes (nibble j of v = element j) times the bf16x2 scale mul: bf16x2 of elements 0,1 and 2,3.
-__device__ __forceinline__ void wq_cvt_fp4(uint32_t v, uint32_t mul, uint32_t &p01, uint32_t &p23)
+// 4 e2m1 codes (nibble j of v = element j) as their exact bf16 values (no scale): bf16x2 of
+// elements 0,1 and 2,3. A byte-permute lookup gives the bf16 bits of the 8 magnitudes
+// {0,.5,1,1.5,2,3,4,6} (high and low bytes), the sign bit is or-ed in.
+__device__ __forceinline__ void wq_dec_fp4(uint32_t v, uint32_t &p01, uint32_t &p23)
 {
     const uint32_t sel = v & 0x7777u;
     const uint32_t hi = __byte_perm(0x3F3F3F00u, 0x40404040u, sel);   /* high bytes of the magnitudes' bf16 */
     const uint32_t lo = __byte_perm(0xC0800000u, 0xC0804000u, sel);   /* low bytes */
     // sign bits 3, 7 (11, 15) of v to bits 15, 31: one multiply places both (other products masked)
     const uint32_t t = v & 0x8888u;
-    uint32_t a = __byte_perm(lo, hi, 0x5140) | ((t * 0x01001000u) & 0x80008000u);
-    uint32_t b = __byte_perm(lo, hi, 0x7362) | ((t * 0x00010010u) & 0x80008000u);
+    p01 = __byte_perm(lo, hi, 0x5140) | ((t * 0x01001000u) & 0x80008000u);
+    p23 = __byte_perm(lo, hi, 0x7362) | ((t * 0x00010010u) & 0x80008000u);
+}
+// The same times the bf16x2 scale mul (exact: a power of two, normal results).
+__device__ __forceinline__ void wq_cvt_fp4(uint32_t v, uint32_t mul, uint32_t &p01, uint32_t &p23)
+{
+    uint32_t a, b;
+    wq_dec_fp4(v, a, b);
     __nv_bfloat162 m = *(__nv_bfloat162 *)&mul;
     __nv_bfloat162 ra = __hmul2(*(__nv_bfloat162 *)&a, m), rb = __hmul2(*(__nv_bfloat162 *)&b, m);
     p01 = *(uint32_t *)&ra;
     p23 = *(uint32_t *)&rb;
-}
-// 4 e2m1 codes (nibble j of v = element j) as their exact bf16 values (no scale): bf16x2 of
-// elements 0,1 and 2,3 (wq_cvt_fp4 without the multiply).
-__device__ __forceinline__ void wq_dec_fp4(uint32_t v, uint32_t &p01, uint32_t &p23)
-{
-    const uint32_t sel = v & 0x7777u;
-    const uint32_t hi = __byte_perm(0x3F3F3F00u, 0x40404040u, sel);
-    const uint32_t lo = __byte_perm(0xC0800000u, 0xC0804000u, sel);
-    const uint32_t t = v & 0x8888u;
-    p01 = __byte_perm(lo, hi, 0x5140) | ((t * 0x01001000u) & 0x80008000u);
-    p23 = __byte_perm(lo, hi, 0x7362) | ((t * 0x00010010u) & 0x80008000u);
 }
 // Multiplier of an e8m0 scale byte: fp8 path (bf16x2 2^(e-7); e in [10, 134], clamped), fp4 path
 // (bf16x2 2^(e-127)).
@@ -401,7 +398,8 @@ __global__ void __launch_bounds__(256, 1) g_wq_wgmma_kernel(wq_args a)
 // shared memory, in the A-fragment column order (below), and every warp then streams its own 32
 // weight rows of the 128-row band straight from global memory into registers: tile kt of warp w is
 // the contiguous bytes [32w, 32w + 32) rows x WROW of the 4/8 KB tile, each thread 8 (fp4) or 16
-// (fp8) bytes of 4 rows, loaded P tiles ahead (P * 1 KB per warp in flight) with their scale bytes.
+// (fp8) bytes of 4 rows, loaded P tiles ahead (4 KB per warp in flight), the scale bytes a group of
+// P tiles ahead.
 // There is no __syncthreads in the k loop, so a warp never waits for another warp or for a
 // shared-memory stage, only for its own loads; the g_wq_wgmma_kernel, by contrast, syncs its 256
 // threads and waits for its wgmma group at every 64-column tile, which at 1..8 activation rows
@@ -414,12 +412,7 @@ __global__ void __launch_bounds__(256, 1) g_wq_wgmma_kernel(wq_args a)
 // values of all four k-steps are the 32 bytes at 32c, word 2s / 2s + 1 = B registers b0 / b1 of
 // k-step s (columns 16s + 2c, +1 and 16s + 2c + 8, +9).
 template <int FMT> struct wq_gv {
-#ifndef WQ_GV_P8
-#define WQ_GV_P8 2
-#define WQ_GV_P4 4
-#define WQ_GV_MINB 4
-#endif
-    static constexpr int P = FMT == V41G_WQ_FP8 ? WQ_GV_P8 : WQ_GV_P4;   /* tiles in flight per warp (4 KB either way) */
+    static constexpr int P = FMT == V41G_WQ_FP8 ? 2 : 4;   /* tiles in flight per warp (4 KB either way) */
     static constexpr int RW = FMT == V41G_WQ_FP8 ? 4 : 2;  /* 32-bit code words per row per tile */
 };
 __device__ __forceinline__ void wq_ld_stream(uint32_t *r, const uint8_t *p, int words)
@@ -431,7 +424,7 @@ __device__ __forceinline__ void wq_ld_stream(uint32_t *r, const uint8_t *p, int 
         asm volatile("ld.global.nc.L1::no_allocate.L2::256B.v2.u32 {%0,%1}, [%2];\n" : "=r"(r[0]), "=r"(r[1]) : "l"(p));
 }
 template <int FMT>
-__global__ void __launch_bounds__(128, WQ_GV_MINB) g_wq_gemv_kernel(wq_args a)
+__global__ void __launch_bounds__(128, 4) g_wq_gemv_kernel(wq_args a)
 {
     constexpr int WROW = wq_wrow(FMT), WT = WQ_BN * WROW, P = wq_gv<FMT>::P, RW = wq_gv<FMT>::RW;
     extern __shared__ __align__(16) unsigned char wq_smg[];
