@@ -98,10 +98,10 @@ START_TEST(test_rope)
         v41g_free(dx); v41g_free(dp); v41g_free(df);
         free(x); free(y); free(g);
     }
-    /* Shapes where the vectorized kernel takes several rows a block, the last block partial (on a
-     * GPU of >= 100 SMs: rpb 2 for these row counts), incl. the model's q shape: against the CPU as
-     * above, and bit for bit against the one-pair-a-thread kernel, which v41g_rope takes for x only
-     * 8-byte aligned (the same buffer 4 elements in). */
+    /* The vectorized kernel at several rows a block with the last block partial (1001 x 3 heads,
+     * r = 16: 32 rows a block; 37 x 1 head: 8 rows a block) and at the model's q shape (one row a
+     * block): against the CPU as above, and bit for bit against the one-pair-a-thread kernel, which
+     * v41g_rope takes for x only 8-byte aligned (the same buffer 4 elements in). */
     static const int shp[][4] = {{1001, 3, 64, 16}, {531, 64, 512, 64}, {37, 1, 512, 64}};
     for (int c = 0; c < 3; c++) {
         int R = shp[c][0], Hh = shp[c][1], D = shp[c][2], Rr = shp[c][3];
