@@ -443,7 +443,7 @@ double find_op(const bench &B, const char *op, const std::string &name, const st
     return -1;
 }
 
-void wq(bench &B, bool quick)
+void wq(bench &B, bool quick, const char *match)
 {
     struct { const char *nm; int fmt, N, K; } sh[] = {
         {"wq_a", V41G_WQ_FP8, QL, D}, {"wq_b", V41G_WQ_FP8, H * HD, QL}, {"wkv", V41G_WQ_FP8, HD, D},
@@ -460,6 +460,7 @@ void wq(bench &B, bool quick)
         uint8_t *codes = (uint8_t *)B.alloc(wmax), *scales = (uint8_t *)B.alloc(smax);
         uint16_t *x = (uint16_t *)B.alloc((size_t)4096 * 8192 * 2), *y = (uint16_t *)B.alloc((size_t)4096 * 32768 * 2);
         uint16_t *wb = NULL;   // bf16 weights for cuBLAS, only when the gemm section did not run
+        uint16_t *wd = NULL;   // the engine's dequantized-weight scratch (M >= 256)
         fill_bytes(B, codes, wmax, 50, FP8_CODES);
         fill_scales(B, scales, smax);
         v41g_fill_bf16(x, (size_t)4096 * 8192, 51, 1.0f, B.st);
@@ -484,6 +485,7 @@ void wq(bench &B, bool quick)
             for (int i = 0; i < 4; i++) {
                 const int M = f8 ? M8[i] : M4[i];
                 if (quick && M != (f8 ? 64 : 8)) continue;
+                if (match && !strstr(fmt("%s_%s_M%d", s.nm, f8 ? "fp8" : "fp4", M).c_str(), match)) continue;
                 const size_t wsb = v41g_wq_ws_bytes(&W, M);
                 double t = B.time([&] { return v41g_wq_gemm(&W, x, M, y, 0, ws, wsb, B.st); });
                 double tc = find_op(B, "gemm", "", fmt("{\"M\":%d,\"N\":%d,\"K\":%d,\"batch\":1}", M, s.N, s.K));
@@ -498,6 +500,20 @@ void wq(bench &B, bool quick)
                       fmt("{\"M\":%d,\"N\":%d,\"K\":%d,\"weights\":\"%s\",\"ws_bytes\":%zu,\"vs_cublas_bf16\":%.4g,"
                           "\"cublas_bf16_s\":%.6g}", M, s.N, s.K, f8 ? "fp8" : "fp4", wsb, t / tc, tc),
                       2.0 * M * s.N * s.K, wby + 2.0 * M * s.K + 2.0 * M * s.N, t);
+                // What the engine runs from 256 rows on (gh_wq_linear): the weight dequantized to a bf16
+                // scratch, then the cuBLAS bf16 GEMM. Bytes: codes + scales read, bf16 weight written
+                // and read back, activations in and out.
+                if (M >= 256) {
+                    if (!wd) wd = (uint16_t *)B.alloc(nbf * 2);
+                    double td = B.time([&] {
+                        int r = v41g_wq_dequant(&W, 0, wd, B.st);
+                        return r ? r : v41g_gemm_bf16(x, wd, y, M, s.N, s.K, 0, 1, 0, 0, 0, B.st);
+                    });
+                    B.rec("wq", fmt("%s_%s_M%d_deq_cublas", s.nm, f8 ? "fp8" : "fp4", M),
+                          fmt("{\"M\":%d,\"N\":%d,\"K\":%d,\"weights\":\"%s\",\"path\":\"dequant+cublas\","
+                              "\"vs_cublas_bf16\":%.4g,\"cublas_bf16_s\":%.6g}", M, s.N, s.K, f8 ? "fp8" : "fp4", td / tc, tc),
+                          2.0 * M * s.N * s.K, wby + 4.0 * s.N * s.K + 2.0 * M * s.K + 2.0 * M * s.N, td);
+                }
             }
         }
         B.free_all();
@@ -511,6 +527,7 @@ void wq(bench &B, bool quick)
     // experts that got rows + activations in + out.
     for (int T : {64, 512}) {
         if (quick && T != 64) continue;
+        if (match && !strstr(fmt("expert_w13_fp4_grouped_T%d expert_w2_fp4_grouped_T%d", T, T).c_str(), match)) continue;
         const int A = T * KA;
         std::vector<int> cnt(E, 0);
         std::vector<int32_t> pick;
@@ -550,6 +567,7 @@ void wq(bench &B, bool quick)
     int Ts[] = {64, 512, 4096};   // a decode batch, then the issue's two token counts
     for (int T : Ts) {
         if (quick && T == 4096) continue;
+        if (match && !strstr(fmt("moe_fp4_T%d", T).c_str(), match)) continue;
         int ne;
         const v41g_moe m = {T, D, IM, E, KA, 10.0f, NULL, NULL, NULL, NULL, &ms.W13, &ms.W2, &ms.W13s, &ms.W2s};
         // graph-replayed: the storage-format path never waits for the host (the bf16 moe op does,
@@ -924,7 +942,7 @@ int write_json(const bench &B, const char *path, const char *dev)
 
 extern "C" int v41g_bench_main(int argc, char **argv)
 {
-    const char *json = NULL, *only = NULL;
+    const char *json = NULL, *only = NULL, *match = NULL;
     int reps = 15;
     bool quick = false;
     for (int i = 1; i < argc; i++) {
@@ -932,12 +950,15 @@ extern "C" int v41g_bench_main(int argc, char **argv)
         else if (!strcmp(argv[i], "--quick")) quick = true;
         else if (!strcmp(argv[i], "--reps") && i + 1 < argc) reps = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--only") && i + 1 < argc) only = argv[++i];
+        else if (!strcmp(argv[i], "--match") && i + 1 < argc) match = argv[++i];
         else if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
             printf("usage: v41 bench gpu [--json OUT] [--quick] [--reps N] [--only gemm,attn,indexer,moe,wq,small,layer,decode]\n"
+                   "                    [--match SUBSTR]\n"
                    "  Ceilings (D2D copy, cuBLAS bf16 GEMM) then every CUDA kernel at V4.1-Flash shapes;\n"
                    "  medians of cudaEvent-timed runs with the L2 flushed. --json writes schema v41-profile/1.\n"
                    "  wq: the Linears and the MoE over fp8/fp4 weights in their storage formats (v41g_wq),\n"
                    "  each against bf16 cuBLAS (and the bf16 / dense MoE) at the same shape; op \"wq\".\n"
+                   "  --match: in the wq section, only the records whose names contain SUBSTR (profiling one shape).\n"
                    "  decode (the device-resident decode step's kernels) runs only when --only names it.\n");
             return 0;
         } else { fprintf(stderr, "v41 bench gpu: unknown option '%s' (see --help)\n", argv[i]); return 2; }
@@ -959,7 +980,7 @@ extern "C" int v41g_bench_main(int argc, char **argv)
     if (want("indexer")) indexer(B, quick);
     if (want("gemm")) gemms(B, quick);
     if (want("moe")) moe(B, quick);
-    if (want("wq")) wq(B, quick);   // after gemm and moe: reuses their bf16 timings
+    if (want("wq")) wq(B, quick, match);   // after gemm and moe: reuses their bf16 timings
     if (want("layer"))
         for (bool pk : {false, true}) { layer(B, 64, true, 8192, pk); if (!quick) layer(B, 4096, false, 0, pk); }
     if (only && strstr(only, "decode")) decode_ops(B, quick);   // opt-in: see --help

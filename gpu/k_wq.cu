@@ -11,9 +11,11 @@
 // Roles: the weight rows are the MMA's M dimension (A, dequantized into registers) and the
 // activation rows (tokens) its N dimension (B, bf16 in shared memory): a decode batch of 1..8
 // rows wastes no tensor work on padding rows. A CTA computes 128 weight rows x BM activation
-// rows over 64-wide k tiles staged in shared memory by a 4- or 6-stage cp.async pipeline.
+// rows over 64-wide k tiles staged in shared memory by a 4- to 6-stage cp.async pipeline.
 //  - sm_90a: g_wq_wgmma_kernel, 2 warpgroups (64 weight rows each), wgmma.m64nBMk16 with A from
-//    registers and B (activations, 128-byte-swizzled K-major rows) from shared memory, BM = 8..128.
+//    registers and B (activations, 128-byte-swizzled K-major rows) from shared memory, BM = 8..128;
+//    software-pipelined: tile kt+1 is dequantized into a second set of A registers while tile kt's
+//    wgmmas run (one barrier per tile).
 //  - elsewhere (or V41_WQ_NO_WGMMA=1): g_wq_mma_kernel, 4 warps (32 weight rows each, two m16
 //    tiles), mma.sync m16n8k16, BM = 8*NT.
 //
