@@ -11,11 +11,9 @@
 // Roles: the weight rows are the MMA's M dimension (A, dequantized into registers) and the
 // activation rows (tokens) its N dimension (B, bf16 in shared memory): a decode batch of 1..8
 // rows wastes no tensor work on padding rows. A CTA computes 128 weight rows x BM activation
-// rows over 64-wide k tiles staged in shared memory by a 4- to 6-stage cp.async pipeline.
+// rows over 64-wide k tiles staged in shared memory by a 4- or 6-stage cp.async pipeline.
 //  - sm_90a: g_wq_wgmma_kernel, 2 warpgroups (64 weight rows each), wgmma.m64nBMk16 with A from
-//    registers and B (activations, 128-byte-swizzled K-major rows) from shared memory, BM = 8..128;
-//    software-pipelined: tile kt+1 is dequantized into a second set of A registers while tile kt's
-//    wgmmas run (one barrier per tile).
+//    registers and B (activations, 128-byte-swizzled K-major rows) from shared memory, BM = 8..128.
 //  - elsewhere (or V41_WQ_NO_WGMMA=1): g_wq_mma_kernel, 4 warps (32 weight rows each, two m16
 //    tiles), mma.sync m16n8k16, BM = 8*NT.
 //
@@ -69,8 +67,6 @@ struct wq_args {
 __host__ __device__ constexpr int wq_wrow(int fmt) { return fmt == V41G_WQ_FP8 ? 64 : 32; }   /* code bytes per row per k tile */
 // pipeline depth: small activation tiles (decode) leave room for more weight tiles in flight
 __host__ __device__ constexpr int wq_stages(int bm) { return bm <= 16 ? 6 : 4; }
-// the wgmma kernel waits for tile kt+1 while tile kt computes: one stage more for the same lead
-__host__ __device__ constexpr int wq_wg_stages(int bm) { return bm <= 16 ? 6 : 5; }
 // column of tile-row position p (the A-fragment permutation above), and its inverse
 __host__ __device__ constexpr int wq_col_of(int p) { return 16 * ((p >> 2) & 3) + 2 * (p >> 4) + (p & 1) + 8 * ((p >> 1) & 1); }
 __host__ __device__ constexpr int wq_pos_of(int k)
@@ -318,22 +314,12 @@ template <int BN> __device__ __forceinline__ void wq_wg_mma(float (&d)[BN / 2], 
 #endif
 }
 
-// keeps A fragments live and unmodified in their registers until the wgmmas reading them are waited for
-__device__ __forceinline__ void wq_fence_a(uint32_t (&f)[4][4])
-{
-#pragma unroll
-    for (int s = 0; s < 4; s++)
-#pragma unroll
-        for (int i = 0; i < 4; i++) asm volatile("" : "+r"(f[s][i])::"memory");
-}
-
 template <int FMT, int BN>
-__global__ void __launch_bounds__(256, BN <= 64 ? 2 : 1) g_wq_wgmma_kernel(wq_args a)
+__global__ void __launch_bounds__(256, 1) g_wq_wgmma_kernel(wq_args a)
 {
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
     constexpr int THREADS = 256, WROW = wq_wrow(FMT), WT = WQ_BN * WROW, STAGE = wq_wg_stage(FMT, BN),
-                  STAGES = wq_wg_stages(BN);
-    static_assert(STAGES >= 3, "step kt waits for tile kt+1 with tile kt's stage still in use");
+                  STAGES = wq_stages(BN);
     static_assert(WT % 1024 == 0 && STAGE % 1024 == 0, "stages keep the 1024-byte swizzle alignment");
     extern __shared__ __align__(1024) unsigned char wq_smw[];
     const uint32_t sraw = (uint32_t)__cvta_generic_to_shared(wq_smw);
@@ -362,57 +348,37 @@ __global__ void __launch_bounds__(256, BN <= 64 ? 2 : 1) g_wq_wgmma_kernel(wq_ar
             if (C.kt0 + st < C.kt1) load(C.kt0 + st, st);
             g_cp_commit();
         }
-        // A fragments of tile kt from its stage: k-step s: a0 (row g, cols 2c..), a1 (row g+8),
-        // a2 (row g, cols 2c+8..), a3
-        auto prep = [&](int kt, uint32_t (&af)[4][4]) {
+        for (int kt = C.kt0; kt < C.kt1; kt++) {
+            const int st = (kt - C.kt0) % STAGES;
+            g_cp_wait<STAGES - 2>();
+            aw_fence_proxy_async();   // this thread's activation rows become visible to wgmma
+            __syncthreads();          // tile kt landed for all threads; everyone is done with tile kt-1's stage
+            {
+                const int kn = kt + STAGES - 1;
+                if (kn < C.kt1) load(kn, (kn - C.kt0) % STAGES);
+                g_cp_commit();
+            }
             uint32_t mA[2], mB[2];
             wq_scales<FMT>(sA, kt, C.ldsK, mA);
             wq_scales<FMT>(sB, kt, C.ldsK, mB);
-            const unsigned char *Ws = gbase + ((kt - C.kt0) % STAGES) * STAGE;
+            const unsigned char *Ws = gbase + st * STAGE;
             uint32_t rawA[WROW / 16], rawB[WROW / 16];
             wq_raw<FMT>(Ws, rA, c, rawA);
             wq_raw<FMT>(Ws, rB, c, rawB);
+            uint32_t af[4][4];   /* k-step s: a0 (row g, cols 2c..), a1 (row g+8), a2 (row g, cols 2c+8..), a3 */
 #pragma unroll
             for (int s = 0; s < 4; s++) {
                 wq_step<FMT>(rawA, s, mA, af[s][0], af[s][2]);
                 wq_step<FMT>(rawB, s, mB, af[s][1], af[s][3]);
             }
-        };
-        // Tile kt: issue its 4 wgmmas (A = fc), then, while they run, wait for tile kt+1, issue the
-        // gather of tile kt + STAGES - 1 into the stage of tile kt-1 (whose wgmmas every thread
-        // has waited for before this barrier) and dequantize tile kt+1 into fn; then wait. fc stays
-        // pinned (fence) until the wait: the wgmmas read it asynchronously. Groups committed before
-        // the wait of step kt: STAGES - 1 + (kt - kt0); tile kt+1 is group kt+1-kt0, so at most
-        // STAGES - 3 may still be pending.
-        auto step = [&](int kt, uint32_t (&fc)[4][4], uint32_t (&fn)[4][4]) {
-            const uint64_t dx = aw_desc(sbase + ((kt - C.kt0) % STAGES) * STAGE + WT, 16, 1024);   /* K-major, SW128 */
+            const uint64_t dx = aw_desc(sbase + st * STAGE + WT, 16, 1024);   /* K-major, 128-byte swizzle */
             aw_fence_regs(acc);
-            wq_fence_a(fc);
             aw_wgmma_fence();
 #pragma unroll
-            for (int s = 0; s < 4; s++) wq_wg_mma<BN>(acc, fc[s], dx + (uint64_t)((s * 32) >> 4));
+            for (int s = 0; s < 4; s++) wq_wg_mma<BN>(acc, af[s], dx + (uint64_t)((s * 32) >> 4));
             aw_wgmma_commit();
-            if (kt + 1 < C.kt1) {
-                g_cp_wait<STAGES - 3>();
-                aw_fence_proxy_async();   // this thread's activation rows become visible to wgmma
-                __syncthreads();          // tile kt+1 landed for all threads; all are done with tile kt-1
-                const int kn = kt + STAGES - 1;
-                if (kn < C.kt1) load(kn, (kn - C.kt0) % STAGES);
-                g_cp_commit();
-                prep(kt + 1, fn);
-            }
             aw_wgmma_wait<0>();
             aw_fence_regs(acc);
-            wq_fence_a(fc);
-        };
-        uint32_t af0[4][4], af1[4][4];
-        g_cp_wait<STAGES - 2>();
-        aw_fence_proxy_async();
-        __syncthreads();   // tile kt0 landed
-        if (C.kt0 < C.kt1) prep(C.kt0, af0);
-        for (int kt = C.kt0; kt < C.kt1; kt += 2) {
-            step(kt, af0, af1);
-            if (kt + 1 < C.kt1) step(kt + 1, af1, af0);
         }
         g_cp_wait<0>();
         // acc[4i + e] = (weight row rA (+8 for e >= 2), activation row 8i + 2c (+1 for odd e))
@@ -688,7 +654,7 @@ template <typename F> int set_smem(F *kern, int bytes)
 }
 template <int FMT, int BM> int smem_of(bool wg)
 {
-    return wg ? wq_wg_stages(BM) * wq_wg_stage(FMT, BM) + 1024   /* + alignment of the swizzle atoms */
+    return wg ? wq_stages(BM) * wq_wg_stage(FMT, BM) + 1024   /* + alignment of the swizzle atoms */
               : wq_stages(BM) * (WQ_BN * wq_wrow(FMT) + BM * WQ_XS);
 }
 // CTAs of the kernel that fit one SM (registers, shared memory), cached per kernel
