@@ -443,6 +443,21 @@ double find_op(const bench &B, const char *op, const std::string &name, const st
     return -1;
 }
 
+// What the engine's hybrid path runs for a packed Linear (gh_wq_linear): from V41G_WQ_DEQUANT_ROWS
+// rows on, the weight dequantized into scratch (2 N K bytes) and a cuBLAS bf16 GEMM; below,
+// v41g_wq_gemm with scratch as its split-K workspace.
+int engine_wq_linear(const v41g_wq &q, const uint16_t *in, int M, uint16_t *out, void *scratch, size_t scratch_bytes,
+                     cudaStream_t st)
+{
+    if (M >= V41G_WQ_DEQUANT_ROWS) {
+        int r = v41g_wq_dequant(&q, 0, (uint16_t *)scratch, st);
+        return r ? r : v41g_gemm_bf16(in, (const uint16_t *)scratch, out, M, q.N, q.K, 0, 1, 0, 0, 0, st);
+    }
+    return v41g_wq_gemm(&q, in, M, out, 0, scratch, scratch_bytes, st);
+}
+// --match: keep a wq record only when its name contains the string
+bool skip_rec(const char *match, const std::string &name) { return match && !strstr(name.c_str(), match); }
+
 void wq(bench &B, bool quick, const char *match)
 {
     struct { const char *nm; int fmt, N, K; } sh[] = {
@@ -460,7 +475,7 @@ void wq(bench &B, bool quick, const char *match)
         uint8_t *codes = (uint8_t *)B.alloc(wmax), *scales = (uint8_t *)B.alloc(smax);
         uint16_t *x = (uint16_t *)B.alloc((size_t)4096 * 8192 * 2), *y = (uint16_t *)B.alloc((size_t)4096 * 32768 * 2);
         uint16_t *wb = NULL;   // bf16 weights for cuBLAS, only when the gemm section did not run
-        uint16_t *wd = NULL;   // the engine's dequantized-weight scratch (M >= 256)
+        uint16_t *wd = NULL;   // the engine's dequantized-weight scratch (M >= V41G_WQ_DEQUANT_ROWS)
         fill_bytes(B, codes, wmax, 50, FP8_CODES);
         fill_scales(B, scales, smax);
         v41g_fill_bf16(x, (size_t)4096 * 8192, 51, 1.0f, B.st);
@@ -485,9 +500,12 @@ void wq(bench &B, bool quick, const char *match)
             for (int i = 0; i < 4; i++) {
                 const int M = f8 ? M8[i] : M4[i];
                 if (quick && M != (f8 ? 64 : 8)) continue;
-                if (match && !strstr(fmt("%s_%s_M%d", s.nm, f8 ? "fp8" : "fp4", M).c_str(), match)) continue;
-                const size_t wsb = v41g_wq_ws_bytes(&W, M);
-                double t = B.time([&] { return v41g_wq_gemm(&W, x, M, y, 0, ws, wsb, B.st); });
+                const std::string nm = fmt("%s_%s_M%d", s.nm, f8 ? "fp8" : "fp4", M);
+                // from V41G_WQ_DEQUANT_ROWS rows on, also what the engine runs there (engine_wq_linear):
+                // the weight dequantized to a bf16 scratch, then the cuBLAS bf16 GEMM
+                const bool want_k = !skip_rec(match, nm),
+                           want_d = M >= V41G_WQ_DEQUANT_ROWS && !skip_rec(match, nm + "_deq_cublas");
+                if (!want_k && !want_d) continue;
                 double tc = find_op(B, "gemm", "", fmt("{\"M\":%d,\"N\":%d,\"K\":%d,\"batch\":1}", M, s.N, s.K));
                 if (tc < 0) {
                     if (!wb) {
@@ -496,20 +514,19 @@ void wq(bench &B, bool quick, const char *match)
                     }
                     tc = B.time([&] { return v41g_gemm_bf16(x, wb, y, M, s.N, s.K, 0, 1, 0, 0, 0, B.st); });
                 }
-                B.rec("wq", fmt("%s_%s_M%d", s.nm, f8 ? "fp8" : "fp4", M),
-                      fmt("{\"M\":%d,\"N\":%d,\"K\":%d,\"weights\":\"%s\",\"ws_bytes\":%zu,\"vs_cublas_bf16\":%.4g,"
-                          "\"cublas_bf16_s\":%.6g}", M, s.N, s.K, f8 ? "fp8" : "fp4", wsb, t / tc, tc),
-                      2.0 * M * s.N * s.K, wby + 2.0 * M * s.K + 2.0 * M * s.N, t);
-                // What the engine runs from 256 rows on (gh_wq_linear): the weight dequantized to a bf16
-                // scratch, then the cuBLAS bf16 GEMM. Bytes: codes + scales read, bf16 weight written
-                // and read back, activations in and out.
-                if (M >= 256) {
+                if (want_k) {
+                    const size_t wsb = v41g_wq_ws_bytes(&W, M);
+                    double t = B.time([&] { return v41g_wq_gemm(&W, x, M, y, 0, ws, wsb, B.st); });
+                    B.rec("wq", nm,
+                          fmt("{\"M\":%d,\"N\":%d,\"K\":%d,\"weights\":\"%s\",\"ws_bytes\":%zu,\"vs_cublas_bf16\":%.4g,"
+                              "\"cublas_bf16_s\":%.6g}", M, s.N, s.K, f8 ? "fp8" : "fp4", wsb, t / tc, tc),
+                          2.0 * M * s.N * s.K, wby + 2.0 * M * s.K + 2.0 * M * s.N, t);
+                }
+                // bytes: codes + scales read, bf16 weight written and read back, activations in and out
+                if (want_d) {
                     if (!wd) wd = (uint16_t *)B.alloc(nbf * 2);
-                    double td = B.time([&] {
-                        int r = v41g_wq_dequant(&W, 0, wd, B.st);
-                        return r ? r : v41g_gemm_bf16(x, wd, y, M, s.N, s.K, 0, 1, 0, 0, 0, B.st);
-                    });
-                    B.rec("wq", fmt("%s_%s_M%d_deq_cublas", s.nm, f8 ? "fp8" : "fp4", M),
+                    double td = B.time([&] { return engine_wq_linear(W, x, M, y, wd, nbf * 2, B.st); });
+                    B.rec("wq", nm + "_deq_cublas",
                           fmt("{\"M\":%d,\"N\":%d,\"K\":%d,\"weights\":\"%s\",\"path\":\"dequant+cublas\","
                               "\"vs_cublas_bf16\":%.4g,\"cublas_bf16_s\":%.6g}", M, s.N, s.K, f8 ? "fp8" : "fp4", td / tc, tc),
                           2.0 * M * s.N * s.K, wby + 4.0 * s.N * s.K + 2.0 * M * s.K + 2.0 * M * s.N, td);
@@ -527,7 +544,8 @@ void wq(bench &B, bool quick, const char *match)
     // experts that got rows + activations in + out.
     for (int T : {64, 512}) {
         if (quick && T != 64) continue;
-        if (match && !strstr(fmt("expert_w13_fp4_grouped_T%d expert_w2_fp4_grouped_T%d", T, T).c_str(), match)) continue;
+        if (skip_rec(match, fmt("expert_w13_fp4_grouped_T%d", T)) && skip_rec(match, fmt("expert_w2_fp4_grouped_T%d", T)))
+            continue;
         const int A = T * KA;
         std::vector<int> cnt(E, 0);
         std::vector<int32_t> pick;
@@ -554,9 +572,11 @@ void wq(bench &B, bool quick, const char *match)
         const struct { const char *nm; const v41g_wq *W; const int32_t *xr; const uint16_t *x; uint16_t *y; } g[] = {
             {"w13", &ms.W13, dxrow, x, y13}, {"w2", &ms.W2, NULL, h, y2}};
         for (auto &q : g) {
+            const std::string nm = fmt("expert_%s_fp4_grouped_T%d", q.nm, T);
+            if (skip_rec(match, nm)) continue;
             double t = B.time([&] { return v41g_wq_gemm_grouped(q.W, E, doff, q.xr, q.x, A, q.y, 0, B.st); });
             const double wb = stored_bytes(*q.W);   // one expert's codes + scales
-            B.rec("wq", fmt("expert_%s_fp4_grouped_T%d", q.nm, T),
+            B.rec("wq", nm,
                   fmt("{\"T\":%d,\"rows\":%d,\"experts\":%d,\"experts_used\":%d,\"N\":%d,\"K\":%d}", T, A, E, ne,
                       q.W->N, q.W->K),
                   2.0 * A * q.W->N * q.W->K, ne * wb + 2.0 * (q.xr ? (double)T : A) * q.W->K + 2.0 * A * q.W->N, t);
@@ -567,7 +587,7 @@ void wq(bench &B, bool quick, const char *match)
     int Ts[] = {64, 512, 4096};   // a decode batch, then the issue's two token counts
     for (int T : Ts) {
         if (quick && T == 4096) continue;
-        if (match && !strstr(fmt("moe_fp4_T%d", T).c_str(), match)) continue;
+        if (skip_rec(match, fmt("moe_fp4_T%d", T))) continue;
         int ne;
         const v41g_moe m = {T, D, IM, E, KA, 10.0f, NULL, NULL, NULL, NULL, &ms.W13, &ms.W2, &ms.W13s, &ms.W2s};
         // graph-replayed: the storage-format path never waits for the host (the bf16 moe op does,
@@ -775,8 +795,8 @@ void decode_ops(bench &B, bool quick)
 // request of T rows. Weights: bf16 (experts dequantized), or with packed = true as
 // the engine keeps them since session 4: wq_a, wq_b, wkv, the indexer's wq_b and
 // wo_b fp8 (e4m3 + 32x32 e8m0 blocks), routed experts fp4, the shared expert fp8,
-// run like the engine's hybrid path (v41g_wq_gemm below 256 rows, else dequantize
-// into a scratch + cuBLAS; v41g_moe_ffn with the storage-format experts); wo_a, the
+// run like the engine's hybrid path (engine_wq_linear: v41g_wq_gemm below 256 rows, else
+// dequantize into a scratch + cuBLAS; v41g_moe_ffn with the storage-format experts); wo_a, the
 // indexer's head projection and the gate stay bf16.
 void layer(bench &B, int T, bool decode, int ctx, bool packed)
 {
@@ -802,11 +822,12 @@ void layer(bench &B, int T, bool decode, int ctx, bool packed)
         for (const v41g_wq *q : {&Qa, &Qb, &Qkv, &Qi, &Qo}) wq_bytes += stored_bytes(*q);
         Qm = make_moe_storage(B, 65);
     }
-    // scratch of the packed path: split-K workspace (M < 256) or the dequantized weight (M >= 256)
+    // scratch of the packed path (engine_wq_linear): split-K workspace, or from V41G_WQ_DEQUANT_ROWS
+    // rows on the dequantized weight
     size_t pk_ws = 0;
     if (packed)
         for (const v41g_wq *q : {&Qa, &Qb, &Qkv, &Qi, &Qo})
-            pk_ws = std::max(pk_ws, T >= 256 ? (size_t)2 * q->N * q->K : v41g_wq_ws_bytes(q, T));
+            pk_ws = std::max(pk_ws, T >= V41G_WQ_DEQUANT_ROWS ? (size_t)2 * q->N * q->K : v41g_wq_ws_bytes(q, T));
     void *pk = pk_ws ? B.alloc(pk_ws) : NULL;
     float hf[R / 2];
     v41g_rope_freqs(R, 160000.0, 65536, 16, 32, 1, hf);
@@ -839,12 +860,8 @@ void layer(bench &B, int T, bool decode, int ctx, bool packed)
     if (packed) { m.q13 = &Qm.W13; m.q2 = &Qm.W2; m.q13s = &Qm.W13s; m.q2s = &Qm.W2s; }
     // a Linear of the attention half: bf16 weights through cuBLAS, or the packed path
     auto lin = [&](const v41g_wq &q, const uint16_t *wb, const uint16_t *in, uint16_t *out, int N, int K) {
-        if (!packed) return v41g_gemm_bf16(in, wb, out, T, N, K, 0, 1, 0, 0, 0, B.st);
-        if (T >= 256) {
-            int kr = v41g_wq_dequant(&q, 0, (uint16_t *)pk, B.st);
-            return kr ? kr : v41g_gemm_bf16(in, (const uint16_t *)pk, out, T, N, K, 0, 1, 0, 0, 0, B.st);
-        }
-        return v41g_wq_gemm(&q, in, T, out, 0, pk, pk_ws, B.st);
+        return packed ? engine_wq_linear(q, in, T, out, pk, pk_ws, B.st)
+                      : v41g_gemm_bf16(in, wb, out, T, N, K, 0, 1, 0, 0, 0, B.st);
     };
     void *ws = B.alloc(v41g_moe_ws_size(&m));
     cudaStream_t st = B.st;

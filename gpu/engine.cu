@@ -142,7 +142,8 @@ int cuda_err(cudaError_t ce, const char *what, v41_err *err)
     return v41_err_set(err, V41_EINTERNAL, "gpu engine: %s: %s", what, cudaGetErrorString(ce));
 }
 
-// y[M, N] = x[M, K] . deq(q)^T for a packed Linear (x bf16 on the device). From M = 256 rows on,
+// y[M, N] = x[M, K] . deq(q)^T for a packed Linear (x bf16 on the device). From M = 256 rows on
+// (V41G_WQ_DEQUANT_ROWS),
 // the weight is dequantized into a bf16 scratch and the GEMM goes to cuBLAS (the tensor-core
 // rate of a large GEMM is cuBLAS's; the dequantization costs 3 bytes per weight element, small
 // next to 2*M flops per element); below, v41g_wq_gemm reads the packed codes directly.
@@ -150,7 +151,7 @@ int cuda_err(cudaError_t ce, const char *what, v41_err *err)
 int gh_wq_linear(const v41g_wq *q, const uint16_t *x, int M, void *y, bool f32, gh_ctx *g, v41g_stream st)
 {
     v41_err e = {};
-    if (M >= 256) {
+    if (M >= V41G_WQ_DEQUANT_ROWS) {
         if (grow(&g->dwd, &g->cwd, 2 * (size_t)q->N * q->K, &e)) return (int)cudaErrorMemoryAllocation;
         int kr = v41g_wq_dequant(q, 0, (uint16_t *)g->dwd, st);
         return kr ? kr : v41g_gemm_bf16(x, (const uint16_t *)g->dwd, y, M, q->N, q->K, f32 ? 1 : 0, 1, 0, 0, 0, st);

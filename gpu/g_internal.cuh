@@ -133,6 +133,9 @@ template <typename T> __device__ __forceinline__ T g_warp_sum(T v) {
     for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
     return v;
 }
+// Rows from which the GPU engine runs an fp8/fp4 Linear as dequantize-to-bf16 + cuBLAS instead of
+// v41g_wq_gemm (gh_wq_linear in engine.cu; the benchmark times the same path).
+#define V41G_WQ_DEQUANT_ROWS 256
 // Inclusive prefix sum over the warp's lanes (lane i gets v_0 + ... + v_i; integer types: exact).
 template <typename T> __device__ __forceinline__ T g_warp_scan_incl(T v, int lane) {
 #pragma unroll
