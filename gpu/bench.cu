@@ -497,6 +497,15 @@ void wq(bench &B, bool quick, const char *match)
             if (!f8 && !fp4_codes) { fill_bytes(B, codes, wmax, 52, FP4_CODES); fp4_codes = true; }
             v41g_wq W = {s.fmt, s.N, s.K, 0, codes, scales, 0, 0};
             const double wby = stored_bytes(W);
+            // the dequantization alone (the first half of the large-M path): bytes = codes + scales
+            // read, the bf16 weight written
+            const std::string dn = fmt("%s_%s_dequant", s.nm, f8 ? "fp8" : "fp4");
+            if (!quick && !skip_rec(match, dn)) {
+                if (!wd) wd = (uint16_t *)B.alloc(nbf * 2);
+                double t = B.time([&] { return v41g_wq_dequant(&W, 0, wd, B.st); });
+                B.rec("wq", dn, fmt("{\"N\":%d,\"K\":%d,\"weights\":\"%s\"}", s.N, s.K, f8 ? "fp8" : "fp4"), 0,
+                      wby + 2.0 * s.N * s.K, t);
+            }
             for (int i = 0; i < 4; i++) {
                 const int M = f8 ? M8[i] : M4[i];
                 if (quick && M != (f8 ? 64 : 8)) continue;

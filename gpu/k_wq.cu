@@ -566,27 +566,51 @@ __global__ void g_wq_reduce_kernel(const float *__restrict__ part, int splits, s
     else ((uint16_t *)y)[i] = g_f2bf(v);
 }
 
-// bf16 copy of group g: thread i -> row n, columns 8j..8j+7 (read through the tile permutation)
-__global__ void g_wq_dequant_kernel(v41g_wq W, int g, uint16_t *__restrict__ out)
+// bf16 copy of group g, one tiled block (128 rows x 64 columns) per CTA: blockIdx.x = k tile,
+// blockIdx.y = 128-row band, so consecutive CTAs read consecutive blocks. The block comes in by
+// 16-byte loads into shared memory; thread (row r, k-step s) then gathers its 16 columns, which
+// the A-fragment permutation keeps in word s (fp4: 16-bit half s) of each of the row's four 16-byte
+// (fp4: 8-byte) chunks, converts them with the GEMM kernels' register conversions and writes them
+// with two 16-byte stores, columns 16s..16s+15 of the k tile (a warp writes 8 whole 128-byte row
+// segments). A warp's gather reads 8 rows; their 16-byte chunks are stored xor-swizzled (chunk q
+// of row r at q ^ wq_dq_sw(r)) so that the 8 rows fall in distinct banks.
+#define WQ_DQ_THREADS 256
+template <int FMT> __device__ __forceinline__ int wq_dq_sw(int r) { return FMT == V41G_WQ_FP8 ? (r >> 1) & 3 : (r >> 2) & 1; }
+template <int FMT>
+__global__ void __launch_bounds__(WQ_DQ_THREADS) g_wq_dequant_kernel(v41g_wq W, int g, uint16_t *__restrict__ out)
 {
-    const size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x, per = (size_t)W.K / 8;
-    if (i >= (size_t)W.N * per) return;
-    const int n = (int)(i / per), j = (int)(i % per), ldsK = W.K / 32, KT = (W.K + 63) / 64, WROW = wq_wrow(W.fmt);
-    const uint8_t *sc = W.s + (size_t)g * W.s_stride;
-    const uint32_t e = W.fmt == V41G_WQ_FP8 ? sc[(size_t)((W.r0 + n) >> 5) * ldsK + (8 * j) / 32]
-                                            : sc[(size_t)n * ldsK + (8 * j) / 32];
-    const uint32_t mul = W.fmt == V41G_WQ_FP8 ? wq_mul_fp8(e) : wq_mul_fp4(e);
-    const uint8_t *trow = W.w + (size_t)g * W.w_stride + ((size_t)(n / WQ_BN) * KT + (8 * j) / 64) * WQ_BN * WROW +
-                          (size_t)(n % WQ_BN) * WROW;
-    uint16_t v[8];
-    for (int q = 0; q < 8; q++) {
-        const int p = wq_pos_of((8 * j + q) % 64);
-        uint32_t lo, hi;
-        if (W.fmt == V41G_WQ_FP8) wq_cvt_fp8(trow[p], mul, lo, hi);
-        else wq_cvt_fp4((trow[p >> 1] >> (4 * (p & 1))) & 15u, mul, lo, hi);
-        v[q] = (uint16_t)lo;   /* element 0 of the pair: the code in byte / nibble 0 */
+    constexpr int WROW = wq_wrow(FMT), QR = WROW / 16, WT = WQ_BN * WROW;   /* QR: 16-byte chunks per row */
+    __shared__ __align__(16) uint8_t t[WT];
+    const int kt = blockIdx.x, band = blockIdx.y, KT = gridDim.x;
+    const uint4 *src = (const uint4 *)(W.w + (size_t)g * W.w_stride + ((size_t)band * KT + kt) * WT);
+#pragma unroll
+    for (int i = threadIdx.x; i < WT / 16; i += WQ_DQ_THREADS) {
+        const int r = i / QR, q = i % QR;
+        ((uint4 *)t)[r * QR + (q ^ wq_dq_sw<FMT>(r))] = __ldg(src + i);
     }
-    *(uint4 *)(out + (size_t)n * W.K + 8 * j) = *(const uint4 *)v;
+    __syncthreads();
+    const int ldsK = W.K / 32;
+    const uint8_t *sc = W.s + (size_t)g * W.s_stride;
+#pragma unroll
+    for (int it = 0; it < 4 * WQ_BN / WQ_DQ_THREADS; it++) {
+        const int w = it * WQ_DQ_THREADS + threadIdx.x, r = w >> 2, s = w & 3;
+        const int n = band * WQ_BN + r, k = kt * 64 + 16 * s;
+        if (n >= W.N || k >= W.K) continue;
+        const uint32_t e = FMT == V41G_WQ_FP8 ? sc[(size_t)((W.r0 + n) >> 5) * ldsK + (k >> 5)] : sc[(size_t)n * ldsK + (k >> 5)];
+        const uint32_t mul = FMT == V41G_WQ_FP8 ? wq_mul_fp8(e) : wq_mul_fp4(e);
+        const uint8_t *row = t + r * WROW;
+        const int sw = wq_dq_sw<FMT>(r);
+        // lo[c], hi[c]: bf16x2 of columns 16s + 2c, +1 and 16s + 2c + 8, +9
+        uint32_t lo[4], hi[4];
+#pragma unroll
+        for (int c = 0; c < 4; c++) {
+            if (FMT == V41G_WQ_FP8) wq_cvt_fp8(*(const uint32_t *)(row + 16 * (c ^ sw) + 4 * s), mul, lo[c], hi[c]);
+            else wq_cvt_fp4(*(const uint16_t *)(row + 16 * ((c >> 1) ^ sw) + 8 * (c & 1) + 2 * s), mul, lo[c], hi[c]);
+        }
+        uint4 *o = (uint4 *)(out + (size_t)n * W.K + k);
+        o[0] = make_uint4(lo[0], lo[1], lo[2], lo[3]);   /* columns 16s + 0..7 */
+        o[1] = make_uint4(hi[0], hi[1], hi[2], hi[3]);   /* columns 16s + 8..15 */
+    }
 }
 
 // Tiled copy of checkpoint-layout codes: thread i -> byte i of a tile row segment (fp8: column
@@ -880,9 +904,11 @@ extern "C" int v41g_wq_gemm_grouped(const v41g_wq *W, int G, const int32_t *off,
 
 extern "C" int v41g_wq_dequant(const v41g_wq *W, int g, uint16_t *out, v41g_stream s)
 {
-    if (!wq_valid(W) || g < 0) return (int)cudaErrorInvalidValue;
-    const size_t n = (size_t)W->N * (W->K / 8);
-    g_wq_dequant_kernel<<<(unsigned)((n + 255) / 256), 256, 0, G_STREAM(s)>>>(*W, g, out);
+    if (!wq_valid(W) || g < 0 || !out) return (int)cudaErrorInvalidValue;
+    if ((uintptr_t)out % 16) return (int)cudaErrorInvalidValue;   /* 16-byte stores */
+    const dim3 grid((unsigned)((W->K + 63) / 64), (unsigned)((W->N + WQ_BN - 1) / WQ_BN));
+    if (W->fmt == V41G_WQ_FP8) g_wq_dequant_kernel<V41G_WQ_FP8><<<grid, WQ_DQ_THREADS, 0, G_STREAM(s)>>>(*W, g, out);
+    else g_wq_dequant_kernel<V41G_WQ_FP4><<<grid, WQ_DQ_THREADS, 0, G_STREAM(s)>>>(*W, g, out);
     G_LAUNCHED();
     return 0;
 }

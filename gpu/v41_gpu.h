@@ -152,7 +152,7 @@ int v41g_wq_gemm(const v41g_wq *W, const uint16_t *x, int M, void *y, int out_f3
  * [M_total], NULL = identity). y[M_total, N]. */
 int v41g_wq_gemm_grouped(const v41g_wq *W, int G, const int32_t *off, const int32_t *xrow, const uint16_t *x,
                          int M_total, void *y, int out_f32, v41g_stream s);
-/* Dequantize group g of W to bf16 out[N][K] (large-M callers then use cuBLAS). */
+/* Dequantize group g of W to bf16 out[N][K] (16-byte aligned; large-M callers then use cuBLAS). */
 int v41g_wq_dequant(const v41g_wq *W, int g, uint16_t *out, v41g_stream s);
 
 /* ---- MoE (SPEC §8) ----

@@ -404,10 +404,13 @@ START_TEST(test_grouped)
 END_TEST
 
 /* ------------------------------------------------------------ v41g_wq_dequant */
-/* group 2 of three (strided), and an fp8 row slice: bf16 bits of the exact values, -0 included */
+/* group 2 of three (strided), and an fp8 row slice: bf16 bits of the exact values, -0 included;
+ * the last two span several 128-row bands and 64-column k tiles, the last one partial in both
+ * (N % 128 != 0, K % 64 = 32) */
 typedef struct { int fmt, G, g, N, K, r0; } dq_case;
 static const dq_case dq_cases[] = {{V41G_WQ_FP8, 3, 2, 70, 96, 0}, {V41G_WQ_FP4, 3, 2, 33, 64, 0},
-                                   {V41G_WQ_FP8, 1, 0, 45, 64, 40}};
+                                   {V41G_WQ_FP8, 1, 0, 45, 64, 40}, {V41G_WQ_FP8, 2, 1, 300, 224, 8},
+                                   {V41G_WQ_FP4, 2, 1, 270, 160, 0}};
 START_TEST(test_dequant)
 {
     const dq_case c = dq_cases[_i];
