@@ -91,21 +91,38 @@ __device__ __forceinline__ void wq_cvt_fp8(uint32_t u, uint32_t mul, uint32_t &p
 // 4 e2m1 codes (nibble j of v = element j) as their exact bf16 values (no scale): bf16x2 of
 // elements 0,1 and 2,3. A byte-permute lookup gives the bf16 bits of the 8 magnitudes
 // {0,.5,1,1.5,2,3,4,6} (high and low bytes), the sign bit is or-ed in.
-__device__ __forceinline__ void wq_dec_fp4(uint32_t v, uint32_t &p01, uint32_t &p23)
+// The first halves of the two lookup tables (magnitudes 0..3) are the byte permute's register
+// operand. With literal constants ptxas copies each one into a register before every use (two
+// extra instructions per 4 elements) and folds any arithmetic or shuffle of a literal back into
+// one; wq_tab() loads them from global memory once (not const: a const initialised table would be
+// folded too). The wgmma kernel passes them (MoE at 4096 tokens 2-3 % faster on the H200, session
+// 8). The decode kernel does not: at its 128-register bound they spill, and at 168 registers
+// (3 CTAs an SM) the copies are gone but the time is the same.
+struct wq_tab_t { uint32_t hi = 0x3F3F3F00u, lo = 0xC0800000u; };
+__device__ uint32_t g_wq_tab[2] = {0x3F3F3F00u, 0xC0800000u};
+__device__ __forceinline__ wq_tab_t wq_tab()
+{
+    wq_tab_t t;
+    t.hi = g_wq_tab[0];
+    t.lo = g_wq_tab[1];
+    return t;
+}
+__device__ __forceinline__ void wq_dec_fp4(uint32_t v, uint32_t &p01, uint32_t &p23, wq_tab_t tab = wq_tab_t())
 {
     const uint32_t sel = v & 0x7777u;
-    const uint32_t hi = __byte_perm(0x3F3F3F00u, 0x40404040u, sel);   /* high bytes of the magnitudes' bf16 */
-    const uint32_t lo = __byte_perm(0xC0800000u, 0xC0804000u, sel);   /* low bytes */
+    const uint32_t hi = __byte_perm(tab.hi, 0x40404040u, sel);   /* high bytes of the magnitudes' bf16 */
+    const uint32_t lo = __byte_perm(tab.lo, 0xC0804000u, sel);   /* low bytes */
     // sign bits 3, 7 (11, 15) of v to bits 15, 31: one multiply places both (other products masked)
     const uint32_t t = v & 0x8888u;
     p01 = __byte_perm(lo, hi, 0x5140) | ((t * 0x01001000u) & 0x80008000u);
     p23 = __byte_perm(lo, hi, 0x7362) | ((t * 0x00010010u) & 0x80008000u);
 }
 // The same times the bf16x2 scale mul (exact: a power of two, normal results).
-__device__ __forceinline__ void wq_cvt_fp4(uint32_t v, uint32_t mul, uint32_t &p01, uint32_t &p23)
+__device__ __forceinline__ void wq_cvt_fp4(uint32_t v, uint32_t mul, uint32_t &p01, uint32_t &p23,
+                                           wq_tab_t tab = wq_tab_t())
 {
     uint32_t a, b;
-    wq_dec_fp4(v, a, b);
+    wq_dec_fp4(v, a, b, tab);
     __nv_bfloat162 m = *(__nv_bfloat162 *)&mul;
     __nv_bfloat162 ra = __hmul2(*(__nv_bfloat162 *)&a, m), rb = __hmul2(*(__nv_bfloat162 *)&b, m);
     p01 = *(uint32_t *)&ra;
@@ -159,10 +176,10 @@ template <int FMT> __device__ __forceinline__ void wq_scales(const uint8_t *srow
 }
 // k-step s of one row: bf16x2 of columns (16s + 2c, +1) and (16s + 2c + 8, +9)
 template <int FMT> __device__ __forceinline__ void wq_step(const uint32_t *raw, int s, const uint32_t (&m)[2],
-                                                           uint32_t &lo, uint32_t &hi)
+                                                           uint32_t &lo, uint32_t &hi, wq_tab_t tab = wq_tab_t())
 {
     if (FMT == V41G_WQ_FP8) wq_cvt_fp8(raw[s], m[s >> 1], lo, hi);
-    else wq_cvt_fp4(raw[s >> 1] >> (16 * (s & 1)), m[s >> 1], lo, hi);
+    else wq_cvt_fp4(raw[s >> 1] >> (16 * (s & 1)), m[s >> 1], lo, hi, tab);
 }
 // raw codes of one row of the staged tile: this thread's 16 (fp8) or 8 (fp4) bytes
 template <int FMT> __device__ __forceinline__ void wq_raw(const unsigned char *Ws, int row, int c, uint32_t *raw)
@@ -328,6 +345,7 @@ __global__ void __launch_bounds__(256, 1) g_wq_wgmma_kernel(wq_args a)
     const int tid = threadIdx.x, wg = tid >> 7, w4 = (tid >> 5) & 3, lane = tid & 31, g = lane >> 2, c = lane & 3;
     wq_cta C(a, BN);
     if (C.mbeg >= C.mend) return;
+    const wq_tab_t tab = wq_tab();
     const uint8_t *Wb = a.w + (size_t)C.grp * a.w_stride + (size_t)blockIdx.x * C.KT * WT;
     const int rA = 64 * wg + 16 * w4 + g, rB = rA + 8;   /* this thread's rows of the CTA's 128 */
     const uint8_t *sA = wq_srow<FMT>(a, C.S, C.n0 + rA), *sB = wq_srow<FMT>(a, C.S, C.n0 + rB);
@@ -368,8 +386,8 @@ __global__ void __launch_bounds__(256, 1) g_wq_wgmma_kernel(wq_args a)
             uint32_t af[4][4];   /* k-step s: a0 (row g, cols 2c..), a1 (row g+8), a2 (row g, cols 2c+8..), a3 */
 #pragma unroll
             for (int s = 0; s < 4; s++) {
-                wq_step<FMT>(rawA, s, mA, af[s][0], af[s][2]);
-                wq_step<FMT>(rawB, s, mB, af[s][1], af[s][3]);
+                wq_step<FMT>(rawA, s, mA, af[s][0], af[s][2], tab);
+                wq_step<FMT>(rawB, s, mB, af[s][1], af[s][3], tab);
             }
             const uint64_t dx = aw_desc(sbase + st * STAGE + WT, 16, 1024);   /* K-major, 128-byte swizzle */
             aw_fence_regs(acc);
