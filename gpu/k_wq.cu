@@ -117,6 +117,25 @@ __device__ __forceinline__ void wq_dec_fp4(uint32_t v, uint32_t &p01, uint32_t &
     p01 = __byte_perm(lo, hi, 0x5140) | ((t * 0x01001000u) & 0x80008000u);
     p23 = __byte_perm(lo, hi, 0x7362) | ((t * 0x00010010u) & 0x80008000u);
 }
+// 8 e2m1 codes (nibble j of W = element j) as their exact bf16 values without lookups (the decode
+// kernel's shift decode, V41_WQ_FP4_SHIFT): q[t] = bf16x2 of nibbles 3 - t (low half) and 7 - t
+// (high half). A code's magnitude bits e1 e0 m at bf16 bits 8..6 (exponent field e, mantissa msb
+// m) and its sign at bit 15 make the bf16 number code * 2^-126 exactly (e = 0: the subnormal
+// (m/2) * 2^-126), so one bf16x2 multiply by 2^126 gives the code's value exactly (bf16 arithmetic
+// keeps subnormal inputs, as the fp8 conversion above relies on too). Per 8 codes 4 shifts, 4
+// masks, 4 shifts, 4 merges (one of each shift pair is none) and 4 multiplies: 19 instructions,
+// against 20 and the table copies for two wq_dec_fp4.
+__device__ __forceinline__ void wq_dec_fp4x8(uint32_t W, uint32_t (&q)[4])
+{
+    const uint32_t s126 = 0x7E807E80u;   /* bf16x2 2^126 */
+#pragma unroll
+    for (int t = 0; t < 4; t++) {
+        const uint32_t y = (W << (4 * t)) & 0xF000F000u;   /* nibbles 3 - t, 7 - t at the top of each half */
+        uint32_t b = (y | (y >> 6)) & 0x81C081C0u;         /* sign at bit 15, magnitude at bits 8..6 */
+        __nv_bfloat162 r = __hmul2(*(__nv_bfloat162 *)&b, *(const __nv_bfloat162 *)&s126);
+        q[t] = *(uint32_t *)&r;
+    }
+}
 // The same times the bf16x2 scale mul (exact: a power of two, normal results).
 __device__ __forceinline__ void wq_cvt_fp4(uint32_t v, uint32_t mul, uint32_t &p01, uint32_t &p23,
                                            wq_tab_t tab = wq_tab_t())
@@ -441,7 +460,13 @@ __device__ __forceinline__ void wq_ld_stream(uint32_t *r, const uint8_t *p, int 
     else
         asm volatile("ld.global.nc.L1::no_allocate.L2::256B.v2.u32 {%0,%1}, [%2];\n" : "=r"(r[0]), "=r"(r[1]) : "l"(p));
 }
-template <int FMT>
+// SHIFT (fp4 only, V41_WQ_FP4_SHIFT=1): decode with wq_dec_fp4x8. Its bf16 pairs are column c and
+// c + 16 of a 32-column block (nibble j of k-steps 2m and 2m + 1), so the MMA's k dimension is
+// permuted: in block m, MMA alpha takes the even columns (virtual k 2c, 2c+1 = columns 32m + 2c,
+// +16; 2c+8, 2c+9 = 32m + 2c + 8, +24) and MMA beta the odd ones (the same + 1); the rows are
+// staged in that order (thread c's words 4m + 0..3: alpha b0, b1, beta b0, b1). Each block is
+// still summed on its own and scaled after.
+template <int FMT, bool SHIFT>
 __global__ void __launch_bounds__(128, 4) g_wq_gemv_kernel(wq_args a)
 {
     constexpr int WROW = wq_wrow(FMT), WT = WQ_BN * WROW, P = wq_gv<FMT>::P, RW = wq_gv<FMT>::RW;
@@ -485,6 +510,25 @@ __global__ void __launch_bounds__(128, 4) g_wq_gemv_kernel(wq_args a)
         for (int u = 0; u < P; u++) fetch(C.kt0 + u, u);   /* the weights do not depend on the rows */
         sfetch(C.kt0, scg);
         if (m0 > C.mbeg) __syncthreads();   // every warp is done with the previous rows
+        if (SHIFT) {
+            // pairs (column k, k + 16), k % 32 < 16: source chunks j and j + 2 (j = 0, 1, 4, 5) of
+            // (row r, tile t); word of the pair of k = 8j + 2h (+1): 8h + 4(j / 4) + (j % 2) (+2)
+            for (int q = tid; q < mrows * nt * 4; q += 128) {
+                const int r = q / (nt * 4), t = (q / 4) % nt, jb = q % 4, j = (jb & 1) + 4 * (jb >> 1);
+                const int k = (C.kt0 + t) * 64 + 8 * j;
+                const uint16_t *xr = a.x + (size_t)(a.xrow ? a.xrow[m0 + r] : m0 + r) * a.K;
+                uint4 v = make_uint4(0, 0, 0, 0), v2 = v;
+                if (k < a.K) v = *(const uint4 *)(xr + k);
+                if (k + 16 < a.K) v2 = *(const uint4 *)(xr + k + 16);
+                uint32_t *dst = (uint32_t *)(wq_smg + r * xs + 128 * t) + 4 * (j >> 2) + (j & 1);
+                const uint32_t w4[4] = {v.x, v.y, v.z, v.w}, u4[4] = {v2.x, v2.y, v2.z, v2.w};
+#pragma unroll
+                for (int h = 0; h < 4; h++) {
+                    dst[8 * h] = __byte_perm(w4[h], u4[h], 0x5410);       /* x[k], x[k + 16] */
+                    dst[8 * h + 2] = __byte_perm(w4[h], u4[h], 0x7632);   /* x[k + 1], x[k + 17] */
+                }
+            }
+        } else
         // stage the rows: 16-byte source chunks (row r, tile t, columns 8j..8j+7) -> 4 words each
         for (int q = tid; q < mrows * nt * 8; q += 128) {
             const int r = q / (nt * 8), t = (q / 8) % nt, j = q % 8, k = (C.kt0 + t) * 64 + 8 * j;
@@ -515,6 +559,16 @@ __global__ void __launch_bounds__(128, 4) g_wq_gemv_kernel(wq_args a)
 #pragma unroll
                     for (int bl = 0; bl < 2; bl++) {
                         float part[2][4] = {{0.0f, 0.0f, 0.0f, 0.0f}, {0.0f, 0.0f, 0.0f, 0.0f}};
+                        if (SHIFT) {
+#pragma unroll
+                            for (int mt = 0; mt < 2; mt++) {
+                                uint32_t qa[4], qb[4];   /* rows 16mt + g and + 8 */
+                                wq_dec_fp4x8(raw[u][2 * mt][bl], qa);
+                                wq_dec_fp4x8(raw[u][2 * mt + 1][bl], qb);
+                                g_mma_bf16(part[mt], qa[3], qb[3], qa[1], qb[1], bw[4 * bl], bw[4 * bl + 1]);
+                                g_mma_bf16(part[mt], qa[2], qb[2], qa[0], qb[0], bw[4 * bl + 2], bw[4 * bl + 3]);
+                            }
+                        } else
 #pragma unroll
                         for (int s = 2 * bl; s < 2 * bl + 2; s++) {
                             uint32_t af[4][2];
@@ -759,6 +813,13 @@ bool use_gemv()
     const char *env = getenv("V41_WQ_NO_GEMV");
     return !(env && env[0] && env[0] != '0');
 }
+// The fp4 decode kernel decodes with shifts instead of table lookups when V41_WQ_FP4_SHIFT is set
+// (read at every call; off by default until it has been measured on the H200, see README).
+bool use_fp4_shift()
+{
+    const char *env = getenv("V41_WQ_FP4_SHIFT");
+    return env && env[0] && env[0] != '0';
+}
 size_t gemv_smem(int xr, int kps) { return (size_t)xr * (128 * (size_t)kps + 16); }
 // (the kernel loads the scale bytes of 4 (fp4) or 2 (fp8) tiles at once and runs whole groups of
 // 4 tiles: K % 256 == 0, k ranges of whole groups, 8-byte aligned scale rows and groups)
@@ -802,11 +863,14 @@ int launch_gemv(int fmt, dim3 grid, const wq_args &a, cudaStream_t st)
 {
     const int sm = (int)gemv_smem(a.xr, a.kt_per_split);
     if (fmt == V41G_WQ_FP8) {
-        if (int rc = set_smem(g_wq_gemv_kernel<V41G_WQ_FP8>, sm)) return rc;
-        g_wq_gemv_kernel<V41G_WQ_FP8><<<grid, 128, sm, st>>>(a);
+        if (int rc = set_smem(g_wq_gemv_kernel<V41G_WQ_FP8, false>, sm)) return rc;
+        g_wq_gemv_kernel<V41G_WQ_FP8, false><<<grid, 128, sm, st>>>(a);
+    } else if (use_fp4_shift()) {
+        if (int rc = set_smem(g_wq_gemv_kernel<V41G_WQ_FP4, true>, sm)) return rc;
+        g_wq_gemv_kernel<V41G_WQ_FP4, true><<<grid, 128, sm, st>>>(a);
     } else {
-        if (int rc = set_smem(g_wq_gemv_kernel<V41G_WQ_FP4>, sm)) return rc;
-        g_wq_gemv_kernel<V41G_WQ_FP4><<<grid, 128, sm, st>>>(a);
+        if (int rc = set_smem(g_wq_gemv_kernel<V41G_WQ_FP4, false>, sm)) return rc;
+        g_wq_gemv_kernel<V41G_WQ_FP4, false><<<grid, 128, sm, st>>>(a);
     }
     G_LAUNCHED();
     return 0;

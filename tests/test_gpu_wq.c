@@ -353,10 +353,10 @@ static const gr_case gr_cases[] = {{V41G_WQ_FP4, 96, 160, 1, 0}, {V41G_WQ_FP4, 3
                                    {V41G_WQ_FP8, 40, 96, 1, 0},  {V41G_WQ_FP8, 129, 512, 0, 0},
                                    {V41G_WQ_FP4, 300, 512, 1, 1}, {V41G_WQ_FP8, 129, 512, 1, 2},
                                    {V41G_WQ_FP4, 96, 128, 0, 2}, {V41G_WQ_FP8, 70, 2048, 0, 1},
-                                   {V41G_WQ_FP4, 40, 96, 1, 1}};
-START_TEST(test_grouped)
+                                   {V41G_WQ_FP4, 40, 96, 1, 1},  {V41G_WQ_FP4, 129, 256, 1, 2}};
+static void grouped_case(int i)
 {
-    const gr_case c = gr_cases[_i];
+    const gr_case c = gr_cases[i];
     enum { G = 5 };
     static const int sets[3][G] = {{0, 1, 7, 70, 3}, {0, 1, 2, 9, 3}, {0, 1, 2, 5, 0}};
     static const int tka[3][2] = {{27, 3}, {5, 3}, {4, 2}};   /* gather: T tokens with KA assignments each, T * KA rows */
@@ -364,7 +364,7 @@ START_TEST(test_grouped)
     int32_t off[G + 1] = {0};
     for (int g = 0; g < G; g++) off[g + 1] = off[g] + counts[g];
     const int MT = off[G], N = c.N, K = c.K;
-    rng_seed(500 + _i);
+    rng_seed(500 + i);
     qw q = qw_make(c.fmt, G, N, K, 0, 1, c.fmt == V41G_WQ_FP8 ? gen_fp8_any : gen_fp4_any, 107, 131);
     v41g_wq W = qw_desc(&q, 0);
     /* the sorted problem of a MoE: row p is assignment perm[p] (a random order), i.e. token perm[p] / KA */
@@ -400,6 +400,21 @@ START_TEST(test_grouped)
     v41g_free(dx); v41g_free(doff); v41g_free(dxrow); v41g_free(dy); v41g_free(dy2); v41g_free(db);
     free(y); free(y2); free(b); free(x); free(xrow); free(exp); free(mag);
     qw_free(&q);
+}
+START_TEST(test_grouped) { grouped_case(_i); }
+END_TEST
+
+/* the fp4 decode kernel's shift decode (V41_WQ_FP4_SHIFT, read at every call): every fp4 dense
+ * shape (M <= 8 with K % 256 == 0 take the decode kernel: 1x128x512, 1x300x2048) and every fp4
+ * grouped case (the gathered 300x512 with a 9-row group in two m tiles, 129x256 at 4-row m tiles);
+ * the other shapes run the tiled kernels, unchanged */
+#define N_GR ((int)(sizeof gr_cases / sizeof gr_cases[0]))
+START_TEST(test_fp4_shift)
+{
+    setenv("V41_WQ_FP4_SHIFT", "1", 1);
+    if (_i < N_GM) gemm_case(V41G_WQ_FP4, _i);
+    else if (gr_cases[_i - N_GM].fmt == V41G_WQ_FP4) grouped_case(_i - N_GM);
+    unsetenv("V41_WQ_FP4_SHIFT");
 }
 END_TEST
 
@@ -688,6 +703,7 @@ static Suite *wq_suite(void)
     tc = tcase_create("grouped");
     tcase_set_timeout(tc, 120);
     tcase_add_loop_test(tc, test_grouped, 0, (int)(sizeof gr_cases / sizeof gr_cases[0]));
+    tcase_add_loop_test(tc, test_fp4_shift, 0, N_GM + N_GR);
     tcase_add_loop_test(tc, test_dequant, 0, (int)(sizeof dq_cases / sizeof dq_cases[0]));
     suite_add_tcase(s, tc);
     tc = tcase_create("moe");
