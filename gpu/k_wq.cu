@@ -969,9 +969,13 @@ extern "C" int v41g_wq_gemm_grouped(const v41g_wq *W, int G, const int32_t *off,
 {
     if (!wq_valid(W) || G <= 0 || !off || M_total < 0 || ((uintptr_t)x % 16)) return (int)cudaErrorInvalidValue;
     if (M_total == 0) return 0;
-    // rows per m tile from the mean rows per group (the counts themselves stay on the device)
+    // rows per m tile from the mean rows per group (the counts themselves stay on the device), or
+    // from V41_WQ_GROUP_TILE rows (read at every call; an experiment hook: with counts spread
+    // around the mean, about half the groups of a 64-row mean take a second m tile, and with it a
+    // second decode of their weights, which a 128-row tile would avoid at the price of idle MMA rows)
     const bool wg = use_wgmma();
-    const int BM = bm_for((M_total + G - 1) / G, wg);
+    const char *tenv = getenv("V41_WQ_GROUP_TILE");
+    const int BM = bm_for(tenv && atoi(tenv) > 0 ? atoi(tenv) : (M_total + G - 1) / G, wg);
     wq_args a = args_of(W, x, M_total, y, out_f32);
     a.off = off;
     a.xrow = xrow;

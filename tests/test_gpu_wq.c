@@ -418,6 +418,17 @@ START_TEST(test_fp4_shift)
 }
 END_TEST
 
+/* every grouped case again with the tiled kernels' m tile sized for 128 rows (V41_WQ_GROUP_TILE,
+ * read at every call): m tiles larger than most groups (the wgmma kernel at BN = 128, the mma.sync
+ * kernel at 64) */
+START_TEST(test_grouped_tile128)
+{
+    setenv("V41_WQ_GROUP_TILE", "128", 1);
+    grouped_case(_i);
+    unsetenv("V41_WQ_GROUP_TILE");
+}
+END_TEST
+
 /* ------------------------------------------------------------ v41g_wq_dequant */
 /* group 2 of three (strided), and an fp8 row slice: bf16 bits of the exact values, -0 included;
  * the last two span several 128-row bands and 64-column k tiles, the last one partial in both
@@ -704,6 +715,7 @@ static Suite *wq_suite(void)
     tcase_set_timeout(tc, 120);
     tcase_add_loop_test(tc, test_grouped, 0, (int)(sizeof gr_cases / sizeof gr_cases[0]));
     tcase_add_loop_test(tc, test_fp4_shift, 0, N_GM + N_GR);
+    tcase_add_loop_test(tc, test_grouped_tile128, 0, N_GR);
     tcase_add_loop_test(tc, test_dequant, 0, (int)(sizeof dq_cases / sizeof dq_cases[0]));
     suite_add_tcase(s, tc);
     tc = tcase_create("moe");
