@@ -524,8 +524,8 @@ __global__ void __launch_bounds__(128, 4) g_wq_gemv_kernel(wq_args a)
                 const uint32_t w4[4] = {v.x, v.y, v.z, v.w}, u4[4] = {v2.x, v2.y, v2.z, v2.w};
 #pragma unroll
                 for (int h = 0; h < 4; h++) {
-                    dst[8 * h] = __byte_perm(w4[h], u4[h], 0x5410);       /* x[k], x[k + 16] */
-                    dst[8 * h + 2] = __byte_perm(w4[h], u4[h], 0x7632);   /* x[k + 1], x[k + 17] */
+                    dst[8 * h] = __byte_perm(w4[h], u4[h], 0x5410);       /* x[k + 2h], x[k + 2h + 16] */
+                    dst[8 * h + 2] = __byte_perm(w4[h], u4[h], 0x7632);   /* x[k + 2h + 1], x[k + 2h + 17] */
                 }
             }
         } else
