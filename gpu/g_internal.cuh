@@ -5,7 +5,15 @@
 #include <cuda_fp8.h>
 #include <stdint.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include "v41_gpu.h"
+
+// A switch read from the environment (at every call): set, non-empty and not starting with '0'.
+static inline bool g_env_flag(const char *name)
+{
+    const char *env = getenv(name);
+    return env && env[0] && env[0] != '0';
+}
 
 // Return the CUDA error of the last launch (or call) from an entry point.
 #define G_CHECK(call) do { cudaError_t e_ = (call); if (e_ != cudaSuccess) { \

@@ -701,8 +701,7 @@ static bool aw_usable(int cps)
         cudaDeviceGetAttribute(&maj, cudaDevAttrComputeCapabilityMajor, dev);
         cudaDeviceGetAttribute(&mnr, cudaDevAttrComputeCapabilityMinor, dev);
         cudaFuncAttributes fa;
-        const char *env = getenv("V41_ATTN_NO_WGMMA");
-        ok = maj == 9 && mnr == 0 && !(env && env[0] && env[0] != '0') &&
+        ok = maj == 9 && mnr == 0 && !g_env_flag("V41_ATTN_NO_WGMMA") &&
              cudaFuncGetAttributes(&fa, g_sparse_attn_wgmma_kernel) == cudaSuccess && fa.numRegs >= 128;
         (void)cudaGetLastError();
     }

@@ -95,8 +95,9 @@ __device__ __forceinline__ void wq_cvt_fp8(uint32_t u, uint32_t mul, uint32_t &p
 // operand. With literal constants ptxas copies each one into a register before every use (two
 // extra instructions per 4 elements) and folds any arithmetic or shuffle of a literal back into
 // one; wq_tab() loads them from global memory once (not const: a const initialised table would be
-// folded too). The wgmma kernel passes them (MoE at 4096 tokens 2-3 % faster on the H200, session
-// 8). The decode kernel does not: at its 128-register bound they spill, and at 168 registers
+// folded too). The wgmma kernel passes them (44 -> 29 copies in its fp4 BN = 64 loop; the MoE at
+// 4096 tokens measured 10.31 against 10.58 ms, near the run-to-run spread, session 8). The decode
+// kernel does not: at its 128-register bound they spill, and at 168 registers
 // (3 CTAs an SM) the copies are gone but the time is the same.
 struct wq_tab_t { uint32_t hi = 0x3F3F3F00u, lo = 0xC0800000u; };
 __device__ uint32_t g_wq_tab[2] = {0x3F3F3F00u, 0xC0800000u};
@@ -737,8 +738,7 @@ bool use_wgmma()
              fa.numRegs >= 32;
         cudaGetLastError();
     }
-    const char *env = getenv("V41_WQ_NO_WGMMA");
-    return ok == 1 && !(env && env[0] && env[0] != '0');
+    return ok == 1 && !g_env_flag("V41_WQ_NO_WGMMA");
 }
 
 // (every launch: the kernels share one function type, so a static "done" flag per type would
@@ -808,18 +808,10 @@ int split_for(const v41g_wq *W, int M, bool wg, size_t ws_bytes, int *kps)
 // The decode kernel (g_wq_gemv_kernel) serves dense calls of M <= 8 rows and grouped calls of at
 // most 8 rows per group on average, unless V41_WQ_NO_GEMV is set (read at every call: the tests
 // compare it with the tiled kernels), K % 256 != 0, or its staged rows do not fit shared memory.
-bool use_gemv()
-{
-    const char *env = getenv("V41_WQ_NO_GEMV");
-    return !(env && env[0] && env[0] != '0');
-}
+bool use_gemv() { return !g_env_flag("V41_WQ_NO_GEMV"); }
 // The fp4 decode kernel decodes with shifts instead of table lookups when V41_WQ_FP4_SHIFT is set
 // (read at every call; off by default until it has been measured on the H200, see README).
-bool use_fp4_shift()
-{
-    const char *env = getenv("V41_WQ_FP4_SHIFT");
-    return env && env[0] && env[0] != '0';
-}
+bool use_fp4_shift() { return g_env_flag("V41_WQ_FP4_SHIFT"); }
 size_t gemv_smem(int xr, int kps) { return (size_t)xr * (128 * (size_t)kps + 16); }
 // (the kernel loads the scale bytes of 4 (fp4) or 2 (fp8) tiles at once and runs whole groups of
 // 4 tiles: K % 256 == 0, k ranges of whole groups, 8-byte aligned scale rows and groups)
@@ -975,7 +967,7 @@ extern "C" int v41g_wq_gemm_grouped(const v41g_wq *W, int G, const int32_t *off,
     // second decode of their weights, which a 128-row tile would avoid at the price of idle MMA rows)
     const bool wg = use_wgmma();
     const char *tenv = getenv("V41_WQ_GROUP_TILE");
-    const int BM = bm_for(tenv && atoi(tenv) > 0 ? atoi(tenv) : (M_total + G - 1) / G, wg);
+    const int tile = tenv ? atoi(tenv) : 0, BM = bm_for(tile > 0 ? tile : (M_total + G - 1) / G, wg);
     wq_args a = args_of(W, x, M_total, y, out_f32);
     a.off = off;
     a.xrow = xrow;

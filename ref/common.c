@@ -25,18 +25,9 @@ int v41_err_prefix(v41_err *err, const char *fmt, ...)
     vsnprintf(pre, sizeof pre, fmt, ap);
     va_end(ap);
     memcpy(old, err->msg, sizeof old);
-    old[sizeof old - 1] = 0;
-    /* "pre: old", cut to the message buffer (what snprintf would give; spelled out so the
-     * truncation is visibly intended) */
-    const char *parts[3] = {pre, ": ", old};
-    size_t n = 0;
-    for (int i = 0; i < 3; i++) {
-        size_t k = strlen(parts[i]);
-        if (k > sizeof err->msg - 1 - n) k = sizeof err->msg - 1 - n;
-        memcpy(err->msg + n, parts[i], k);
-        n += k;
-    }
-    err->msg[n] = 0;
+    /* a message longer than the buffer is cut there (intended: with the result checked, for an
+     * output error, the compiler does not warn about the truncation) */
+    if (snprintf(err->msg, sizeof err->msg, "%s: %s", pre, old) < 0) memcpy(err->msg, old, sizeof old);
     return err->code;
 }
 
