@@ -22,21 +22,24 @@
 // zero-padded past N and K (v41g_wq_tile). A CTA then streams contiguous blocks; in the
 // checkpoint's row-major layout it would read 64 (fp8) or 32 (fp4) bytes from each of 128 rows
 // a K row apart per tile, which DRAM serves at a fraction of its streaming rate. Inside a tile
-// row the 64 columns are permuted: position p = 16c + 4s + j holds column
-// k = 16s + 2c + (j & 1) + 8 (j >> 1) (c, s, j = 0..3). That is the MMA A-fragment order: the
-// thread with lane % 4 = c needs, for k-step s, columns 16s + 2c, +1 (register a0/a1) and
-// 16s + 2c + 8, +9 (a2/a3); so one 16-byte (fp8) or 8-byte (fp4) shared-memory load gives a
-// thread all four k-steps of a row, and 32-bit word s (fp4: 16-bit half s) is k-step s. Its
-// columns of k-steps 0,1 lie in scale block 2kt and of k-steps 2,3 in block 2kt + 1.
+// row the 64 columns are permuted into the MMA A-fragment order: the thread with lane % 4 = c
+// needs, for k-step s, columns 16s + 2c, +1 (register a0/a1) and 16s + 2c + 8, +9 (a2/a3), and
+// one 16-byte (fp8) or 8-byte (fp4) shared-memory load gives it all four k-steps of a row.
+//  - fp8: position p = 16c + 4s + j holds column 16s + 2c + (j & 1) + 8 (j >> 1) (c, s, j = 0..3):
+//    byte j of 32-bit word s is k-step s.
+//  - fp4: nibble j (0..7) of 32-bit word w of thread c's 8 bytes (position p = 16c + 8w + j) holds
+//    column 16 (2w + ((j >> 1) & 1)) + 2c + ((j >> 2) & 1) + 8 (j & 1): word w is k-steps 2w and
+//    2w + 1, which is scale block 2kt + w, and nibbles j and j + 4 are the column pairs one A
+//    register holds (what the shift decode below yields).
 //
 // Dequantization in registers:
 //  - fp8: a byte permute puts each code in the high byte of a 16-bit lane (sign at bit 15) and its
 //    7 magnitude bits shift down to bf16 bits 4..10: the bf16 number code * 2^-120 exactly, subnormal
 //    codes included (as bf16 subnormals); one bf16x2 multiply by 2^(e-7) gives code * 2^(e-127)
 //    exactly (a normal bf16 for e in [10, 134]). About 2.5 instructions per element.
-//  - fp4: a byte-permute lookup gives the bf16 bits of the 8 magnitudes {0,.5,1,1.5,2,3,4,6}, the
-//    sign bit is or-ed in, and one bf16x2 multiply by 2^(e-127) (a normal bf16 for e >= 2) scales
-//    them exactly. About 3 instructions per element.
+//  - fp4: shifts and masks put the code's magnitude bits at bf16 bits 8..6 and its sign at bit 15,
+//    the bf16 number code * 2^-126 exactly; one bf16x2 multiply by 2^(e-1) then gives
+//    code * 2^(e-127) exactly (e > 128 takes a second multiply). 20 instructions per 8 elements.
 // Small M: the k range is split over CTAs (gridDim.z) when there are too few CTAs for the SMs;
 // each split writes fp32 partials and a second kernel sums them in split order (deterministic).
 // Grouped calls (MoE): CTA (n tile, group) walks its group's rows in BM-row tiles; the group
@@ -67,7 +70,11 @@ struct wq_args {
 __host__ __device__ constexpr int wq_wrow(int fmt) { return fmt == V41G_WQ_FP8 ? 64 : 32; }   /* code bytes per row per k tile */
 // pipeline depth: small activation tiles (decode) leave room for more weight tiles in flight
 __host__ __device__ constexpr int wq_stages(int bm) { return bm <= 16 ? 6 : 4; }
-// column of tile-row position p (the A-fragment permutation above), and its inverse
+// column of tile-row position p (the A-fragment permutations above; fp8 and fp4), and fp8's inverse
+__host__ __device__ constexpr int wq_col_of4(int p)
+{
+    return 16 * (2 * ((p >> 3) & 1) + ((p >> 1) & 1)) + 2 * (p >> 4) + ((p >> 2) & 1) + 8 * (p & 1);
+}
 __host__ __device__ constexpr int wq_col_of(int p) { return 16 * ((p >> 2) & 3) + 2 * (p >> 4) + (p & 1) + 8 * ((p >> 1) & 1); }
 __host__ __device__ constexpr int wq_pos_of(int k)
 {
@@ -88,68 +95,30 @@ __device__ __forceinline__ void wq_cvt_fp8(uint32_t u, uint32_t mul, uint32_t &p
     p01 = *(uint32_t *)&ra;
     p23 = *(uint32_t *)&rb;
 }
-// 4 e2m1 codes (nibble j of v = element j) as their exact bf16 values (no scale): bf16x2 of
-// elements 0,1 and 2,3. A byte-permute lookup gives the bf16 bits of the 8 magnitudes
-// {0,.5,1,1.5,2,3,4,6} (high and low bytes), the sign bit is or-ed in.
-// The first halves of the two lookup tables (magnitudes 0..3) are the byte permute's register
-// operand. With literal constants ptxas copies each one into a register before every use (two
-// extra instructions per 4 elements) and folds any arithmetic or shuffle of a literal back into
-// one; wq_tab() loads them from global memory once (not const: a const initialised table would be
-// folded too). The wgmma kernel passes them (44 -> 29 copies in its fp4 BN = 64 loop; the MoE at
-// 4096 tokens measured 10.31 against 10.58 ms, near the run-to-run spread, session 8). The decode
-// kernel does not: at its 128-register bound they spill, and at 168 registers
-// (3 CTAs an SM) the copies are gone but the time is the same.
-struct wq_tab_t { uint32_t hi = 0x3F3F3F00u, lo = 0xC0800000u; };
-__device__ uint32_t g_wq_tab[2] = {0x3F3F3F00u, 0xC0800000u};
-__device__ __forceinline__ wq_tab_t wq_tab()
+// 8 e2m1 codes (nibble j of W = element j) as their exact bf16 values times the bf16x2 multiplier
+// mul, without lookups: q[t] = bf16x2 of nibbles 3 - t (low half) and 7 - t (high half). A code's
+// magnitude bits e1 e0 m at bf16 bits 8..6 (exponent field e, mantissa msb m) and its sign at bit
+// 15 make the bf16 number code * 2^-126 exactly (e = 0: the subnormal (m/2) * 2^-126; bf16
+// arithmetic keeps subnormal inputs, as the fp8 conversion above relies on too), so one bf16x2
+// multiply by 2^126 gives the code's value and one by 2^(e-1) (wq_mul_fp4) the code times
+// 2^(e-127), both exactly. Per 8 codes 3 shifts, 4 ands, 4 shifts, 4 ors and 4 multiplies (the
+// first shift is none): 19 instructions (the table lookup it replaced took 24 and two table
+// registers). With the fp4 tile layout, word w of a thread's row gives its A registers of k-steps
+// 2w (q[3]: a0/a1, q[2]: a2/a3) and 2w + 1 (q[1], q[0]).
+__device__ __forceinline__ void wq_dec_fp4x8(uint32_t W, uint32_t mul, uint32_t (&q)[4])
 {
-    wq_tab_t t;
-    t.hi = g_wq_tab[0];
-    t.lo = g_wq_tab[1];
-    return t;
-}
-__device__ __forceinline__ void wq_dec_fp4(uint32_t v, uint32_t &p01, uint32_t &p23, wq_tab_t tab = wq_tab_t())
-{
-    const uint32_t sel = v & 0x7777u;
-    const uint32_t hi = __byte_perm(tab.hi, 0x40404040u, sel);   /* high bytes of the magnitudes' bf16 */
-    const uint32_t lo = __byte_perm(tab.lo, 0xC0804000u, sel);   /* low bytes */
-    // sign bits 3, 7 (11, 15) of v to bits 15, 31: one multiply places both (other products masked)
-    const uint32_t t = v & 0x8888u;
-    p01 = __byte_perm(lo, hi, 0x5140) | ((t * 0x01001000u) & 0x80008000u);
-    p23 = __byte_perm(lo, hi, 0x7362) | ((t * 0x00010010u) & 0x80008000u);
-}
-// 8 e2m1 codes (nibble j of W = element j) as their exact bf16 values without lookups (the decode
-// kernel's shift decode, V41_WQ_FP4_SHIFT): q[t] = bf16x2 of nibbles 3 - t (low half) and 7 - t
-// (high half). A code's magnitude bits e1 e0 m at bf16 bits 8..6 (exponent field e, mantissa msb
-// m) and its sign at bit 15 make the bf16 number code * 2^-126 exactly (e = 0: the subnormal
-// (m/2) * 2^-126), so one bf16x2 multiply by 2^126 gives the code's value exactly (bf16 arithmetic
-// keeps subnormal inputs, as the fp8 conversion above relies on too). Per 8 codes 4 shifts, 4
-// masks, 4 shifts, 4 merges (one of each shift pair is none) and 4 multiplies: 19 instructions,
-// against 20 and the table copies for two wq_dec_fp4.
-__device__ __forceinline__ void wq_dec_fp4x8(uint32_t W, uint32_t (&q)[4])
-{
-    const uint32_t s126 = 0x7E807E80u;   /* bf16x2 2^126 */
 #pragma unroll
     for (int t = 0; t < 4; t++) {
         const uint32_t y = (W << (4 * t)) & 0xF000F000u;   /* nibbles 3 - t, 7 - t at the top of each half */
         uint32_t b = (y | (y >> 6)) & 0x81C081C0u;         /* sign at bit 15, magnitude at bits 8..6 */
-        __nv_bfloat162 r = __hmul2(*(__nv_bfloat162 *)&b, *(const __nv_bfloat162 *)&s126);
+        __nv_bfloat162 r = __hmul2(*(__nv_bfloat162 *)&b, *(const __nv_bfloat162 *)&mul);
         q[t] = *(uint32_t *)&r;
     }
 }
-// The same times the bf16x2 scale mul (exact: a power of two, normal results).
-__device__ __forceinline__ void wq_cvt_fp4(uint32_t v, uint32_t mul, uint32_t &p01, uint32_t &p23,
-                                           wq_tab_t tab = wq_tab_t())
-{
-    uint32_t a, b;
-    wq_dec_fp4(v, a, b, tab);
-    __nv_bfloat162 m = *(__nv_bfloat162 *)&mul;
-    __nv_bfloat162 ra = __hmul2(*(__nv_bfloat162 *)&a, m), rb = __hmul2(*(__nv_bfloat162 *)&b, m);
-    p01 = *(uint32_t *)&ra;
-    p23 = *(uint32_t *)&rb;
-}
-// Multiplier of an e8m0 scale byte: fp8 path (bf16x2 2^(e-7); e in [10, 134], clamped), fp4 path
-// (bf16x2 2^(e-127)).
+// Multipliers of an e8m0 scale byte: fp8 path (bf16x2 2^(e-7); e in [10, 134], clamped); fp4 path
+// (applied to code * 2^-126): 2^(min(e, 128) - 1), and for e > 128 the second factor 2^(e-128)
+// (e = 255, e8m0's NaN: a bf16 NaN, as ref's scale is NaN); 1 otherwise.
+#define WQ_S126 0x7E807E80u   /* bf16x2 2^126 */
 __device__ __forceinline__ uint32_t wq_mul_fp8(uint32_t e)
 {
     const uint32_t b = (min(e, 134u) + 120u) << 7;
@@ -157,7 +126,12 @@ __device__ __forceinline__ uint32_t wq_mul_fp8(uint32_t e)
 }
 __device__ __forceinline__ uint32_t wq_mul_fp4(uint32_t e)
 {
-    const uint32_t b = e ? (e << 7) : 0x0040u;   /* 2^-127 is a bf16 subnormal */
+    const uint32_t b = (min(e, 128u) + 126u) << 7;
+    return b | (b << 16);
+}
+__device__ __forceinline__ uint32_t wq_big_fp4(uint32_t e)
+{
+    const uint32_t b = e <= 128u ? 0x3F80u : e == 255u ? 0x7FC0u : (e - 1u) << 7;
     return b | (b << 16);
 }
 
@@ -184,22 +158,49 @@ template <int FMT> __device__ __forceinline__ const uint8_t *wq_srow(const wq_ar
     n = min(n, a.N - 1);
     return S + (size_t)(FMT == V41G_WQ_FP8 ? (a.r0 + n) >> 5 : n) * (a.K / 32);
 }
-// the two scale bytes (blocks 2kt, 2kt+1) of a row as bf16x2 multipliers
-template <int FMT> __device__ __forceinline__ void wq_scales(const uint8_t *srow, int kt, int ldsK, uint32_t (&m)[2])
+// the two scale bytes (blocks 2kt, 2kt+1) of a row as bf16x2 multipliers m, and for fp4 the
+// second factors big (wq_big_fp4); returns whether either scale byte needs one (fp4, e > 128)
+template <int FMT>
+__device__ __forceinline__ bool wq_scales(const uint8_t *srow, int kt, int ldsK, uint32_t (&m)[2], uint32_t (&big)[2])
 {
+    bool any = false;
 #pragma unroll
     for (int b = 0; b < 2; b++) {
         const int kb = 2 * kt + b;
         const uint32_t e = kb < ldsK ? (uint32_t)__ldg(srow + kb) : 127u;
         m[b] = FMT == V41G_WQ_FP8 ? wq_mul_fp8(e) : wq_mul_fp4(e);
+        big[b] = FMT == V41G_WQ_FP8 ? 0u : wq_big_fp4(e);
+        any |= FMT == V41G_WQ_FP4 && e > 128u;
+    }
+    return any;
+}
+// the four k-steps of one row: lo[s], hi[s] = bf16x2 of columns (16s + 2c, +1) and (16s + 2c + 8, +9)
+template <int FMT> __device__ __forceinline__ void wq_row(const uint32_t *raw, const uint32_t (&m)[2],
+                                                          uint32_t (&lo)[4], uint32_t (&hi)[4])
+{
+    if (FMT == V41G_WQ_FP8) {
+#pragma unroll
+        for (int s = 0; s < 4; s++) wq_cvt_fp8(raw[s], m[s >> 1], lo[s], hi[s]);
+    } else {
+#pragma unroll
+        for (int w = 0; w < 2; w++) {
+            uint32_t q[4];
+            wq_dec_fp4x8(raw[w], m[w], q);
+            lo[2 * w] = q[3]; hi[2 * w] = q[2]; lo[2 * w + 1] = q[1]; hi[2 * w + 1] = q[0];
+        }
     }
 }
-// k-step s of one row: bf16x2 of columns (16s + 2c, +1) and (16s + 2c + 8, +9)
-template <int FMT> __device__ __forceinline__ void wq_step(const uint32_t *raw, int s, const uint32_t (&m)[2],
-                                                           uint32_t &lo, uint32_t &hi, wq_tab_t tab = wq_tab_t())
+// fp4 rows whose scale bytes exceed 128: the second multiply of wq_row's results (called only
+// when a warp vote found one, so the common case issues nothing for it)
+__device__ __forceinline__ void wq_row_fix(const uint32_t (&big)[2], uint32_t (&lo)[4], uint32_t (&hi)[4])
 {
-    if (FMT == V41G_WQ_FP8) wq_cvt_fp8(raw[s], m[s >> 1], lo, hi);
-    else wq_cvt_fp4(raw[s >> 1] >> (16 * (s & 1)), m[s >> 1], lo, hi, tab);
+#pragma unroll
+    for (int s = 0; s < 4; s++) {
+        const __nv_bfloat162 f = *(const __nv_bfloat162 *)&big[s >> 1];
+        __nv_bfloat162 x = __hmul2(*(__nv_bfloat162 *)&lo[s], f), y = __hmul2(*(__nv_bfloat162 *)&hi[s], f);
+        lo[s] = *(uint32_t *)&x;
+        hi[s] = *(uint32_t *)&y;
+    }
 }
 // raw codes of one row of the staged tile: this thread's 16 (fp8) or 8 (fp4) bytes
 template <int FMT> __device__ __forceinline__ void wq_raw(const unsigned char *Ws, int row, int c, uint32_t *raw)
@@ -298,25 +299,32 @@ __global__ void __launch_bounds__(128) g_wq_mma_kernel(wq_args a)
                 if (kn < C.kt1) load(kn, (kn - C.kt0) % STAGES);
                 g_cp_commit();
             }
-            uint32_t mul[4][2];
+            uint32_t mul[4][2], big[4][2];
+            bool fix = false;
 #pragma unroll
-            for (int i = 0; i < 4; i++) wq_scales<FMT>(srow[i], kt, C.ldsK, mul[i]);
+            for (int i = 0; i < 4; i++) fix |= wq_scales<FMT>(srow[i], kt, C.ldsK, mul[i], big[i]);
             const unsigned char *Ws = wq_sm + st * STAGE, *Xs = Ws + WT;
-            uint32_t raw[4][WROW / 16];
+            uint32_t raw[4][WROW / 16], lo[4][4], hi[4][4];   /* [row i][k-step s] */
 #pragma unroll
-            for (int i = 0; i < 4; i++) wq_raw<FMT>(Ws, warp * 32 + 8 * i + g, c, raw[i]);
+            for (int i = 0; i < 4; i++) {
+                wq_raw<FMT>(Ws, warp * 32 + 8 * i + g, c, raw[i]);
+                if (FMT == V41G_WQ_FP4) wq_row<FMT>(raw[i], mul[i], lo[i], hi[i]);   /* fp8: per k-step below */
+            }
+            if (FMT == V41G_WQ_FP4 && __any_sync(0xFFFFFFFFu, fix))
+#pragma unroll
+                for (int i = 0; i < 4; i++) wq_row_fix(big[i], lo[i], hi[i]);
 #pragma unroll
             for (int s = 0; s < 4; s++) {
-                uint32_t af[4][2];
+                if (FMT == V41G_WQ_FP8)
 #pragma unroll
-                for (int i = 0; i < 4; i++) wq_step<FMT>(raw[i], s, mul[i], af[i][0], af[i][1]);
+                    for (int i = 0; i < 4; i++) wq_cvt_fp8(raw[i][s], mul[i][s >> 1], lo[i][s], hi[i][s]);
 #pragma unroll
                 for (int j = 0; j < NT; j++) {
                     const unsigned char *xr = Xs + (8 * j + g) * WQ_XS + (16 * s + 2 * c) * 2;
                     const uint32_t b0 = *(const uint32_t *)xr, b1 = *(const uint32_t *)(xr + 16);
 #pragma unroll
                     for (int mt = 0; mt < 2; mt++)
-                        g_mma_bf16(acc[mt][j], af[2 * mt][0], af[2 * mt + 1][0], af[2 * mt][1], af[2 * mt + 1][1], b0,
+                        g_mma_bf16(acc[mt][j], lo[2 * mt][s], lo[2 * mt + 1][s], hi[2 * mt][s], hi[2 * mt + 1][s], b0,
                                    b1);
                 }
             }
@@ -365,7 +373,6 @@ __global__ void __launch_bounds__(256, 1) g_wq_wgmma_kernel(wq_args a)
     const int tid = threadIdx.x, wg = tid >> 7, w4 = (tid >> 5) & 3, lane = tid & 31, g = lane >> 2, c = lane & 3;
     wq_cta C(a, BN);
     if (C.mbeg >= C.mend) return;
-    const wq_tab_t tab = wq_tab();
     const uint8_t *Wb = a.w + (size_t)C.grp * a.w_stride + (size_t)blockIdx.x * C.KT * WT;
     const int rA = 64 * wg + 16 * w4 + g, rB = rA + 8;   /* this thread's rows of the CTA's 128 */
     const uint8_t *sA = wq_srow<FMT>(a, C.S, C.n0 + rA), *sB = wq_srow<FMT>(a, C.S, C.n0 + rB);
@@ -396,18 +403,23 @@ __global__ void __launch_bounds__(256, 1) g_wq_wgmma_kernel(wq_args a)
                 if (kn < C.kt1) load(kn, (kn - C.kt0) % STAGES);
                 g_cp_commit();
             }
-            uint32_t mA[2], mB[2];
-            wq_scales<FMT>(sA, kt, C.ldsK, mA);
-            wq_scales<FMT>(sB, kt, C.ldsK, mB);
+            uint32_t mA[2], mB[2], bA[2], bB[2];
+            const bool fix = wq_scales<FMT>(sA, kt, C.ldsK, mA, bA) | wq_scales<FMT>(sB, kt, C.ldsK, mB, bB);
             const unsigned char *Ws = gbase + st * STAGE;
             uint32_t rawA[WROW / 16], rawB[WROW / 16];
             wq_raw<FMT>(Ws, rA, c, rawA);
             wq_raw<FMT>(Ws, rB, c, rawB);
-            uint32_t af[4][4];   /* k-step s: a0 (row g, cols 2c..), a1 (row g+8), a2 (row g, cols 2c+8..), a3 */
+            uint32_t loA[4], hiA[4], loB[4], hiB[4];   /* k-step s: a0 = loA (row g, cols 2c..), a1 = loB (row g+8), a2 = hiA (row g, cols 2c+8..), a3 = hiB */
+            wq_row<FMT>(rawA, mA, loA, hiA);
+            wq_row<FMT>(rawB, mB, loB, hiB);
+            if (FMT == V41G_WQ_FP4 && __any_sync(0xFFFFFFFFu, fix)) {
+                wq_row_fix(bA, loA, hiA);
+                wq_row_fix(bB, loB, hiB);
+            }
+            uint32_t af[4][4];
 #pragma unroll
             for (int s = 0; s < 4; s++) {
-                wq_step<FMT>(rawA, s, mA, af[s][0], af[s][2], tab);
-                wq_step<FMT>(rawB, s, mB, af[s][1], af[s][3], tab);
+                af[s][0] = loA[s]; af[s][1] = loB[s]; af[s][2] = hiA[s]; af[s][3] = hiB[s];
             }
             const uint64_t dx = aw_desc(sbase + st * STAGE + WT, 16, 1024);   /* K-major, 128-byte swizzle */
             aw_fence_regs(acc);
@@ -461,13 +473,7 @@ __device__ __forceinline__ void wq_ld_stream(uint32_t *r, const uint8_t *p, int 
     else
         asm volatile("ld.global.nc.L1::no_allocate.L2::256B.v2.u32 {%0,%1}, [%2];\n" : "=r"(r[0]), "=r"(r[1]) : "l"(p));
 }
-// SHIFT (fp4 only, V41_WQ_FP4_SHIFT=1): decode with wq_dec_fp4x8. Its bf16 pairs are column c and
-// c + 16 of a 32-column block (nibble j of k-steps 2m and 2m + 1), so the MMA's k dimension is
-// permuted: in block m, MMA alpha takes the even columns (virtual k 2c, 2c+1 = columns 32m + 2c,
-// +16; 2c+8, 2c+9 = 32m + 2c + 8, +24) and MMA beta the odd ones (the same + 1); the rows are
-// staged in that order (thread c's words 4m + 0..3: alpha b0, b1, beta b0, b1). Each block is
-// still summed on its own and scaled after.
-template <int FMT, bool SHIFT>
+template <int FMT>
 __global__ void __launch_bounds__(128, 4) g_wq_gemv_kernel(wq_args a)
 {
     constexpr int WROW = wq_wrow(FMT), WT = WQ_BN * WROW, P = wq_gv<FMT>::P, RW = wq_gv<FMT>::RW;
@@ -511,25 +517,6 @@ __global__ void __launch_bounds__(128, 4) g_wq_gemv_kernel(wq_args a)
         for (int u = 0; u < P; u++) fetch(C.kt0 + u, u);   /* the weights do not depend on the rows */
         sfetch(C.kt0, scg);
         if (m0 > C.mbeg) __syncthreads();   // every warp is done with the previous rows
-        if (SHIFT) {
-            // pairs (column k, k + 16), k % 32 < 16: source chunks j and j + 2 (j = 0, 1, 4, 5) of
-            // (row r, tile t); word of the pair of k = 8j + 2h (+1): 8h + 4(j / 4) + (j % 2) (+2)
-            for (int q = tid; q < mrows * nt * 4; q += 128) {
-                const int r = q / (nt * 4), t = (q / 4) % nt, jb = q % 4, j = (jb & 1) + 4 * (jb >> 1);
-                const int k = (C.kt0 + t) * 64 + 8 * j;
-                const uint16_t *xr = a.x + (size_t)(a.xrow ? a.xrow[m0 + r] : m0 + r) * a.K;
-                uint4 v = make_uint4(0, 0, 0, 0), v2 = v;
-                if (k < a.K) v = *(const uint4 *)(xr + k);
-                if (k + 16 < a.K) v2 = *(const uint4 *)(xr + k + 16);
-                uint32_t *dst = (uint32_t *)(wq_smg + r * xs + 128 * t) + 4 * (j >> 2) + (j & 1);
-                const uint32_t w4[4] = {v.x, v.y, v.z, v.w}, u4[4] = {v2.x, v2.y, v2.z, v2.w};
-#pragma unroll
-                for (int h = 0; h < 4; h++) {
-                    dst[8 * h] = __byte_perm(w4[h], u4[h], 0x5410);       /* x[k + 2h], x[k + 2h + 16] */
-                    dst[8 * h + 2] = __byte_perm(w4[h], u4[h], 0x7632);   /* x[k + 2h + 1], x[k + 2h + 17] */
-                }
-            }
-        } else
         // stage the rows: 16-byte source chunks (row r, tile t, columns 8j..8j+7) -> 4 words each
         for (int q = tid; q < mrows * nt * 8; q += 128) {
             const int r = q / (nt * 8), t = (q / 8) % nt, j = q % 8, k = (C.kt0 + t) * 64 + 8 * j;
@@ -560,25 +547,13 @@ __global__ void __launch_bounds__(128, 4) g_wq_gemv_kernel(wq_args a)
 #pragma unroll
                     for (int bl = 0; bl < 2; bl++) {
                         float part[2][4] = {{0.0f, 0.0f, 0.0f, 0.0f}, {0.0f, 0.0f, 0.0f, 0.0f}};
-                        if (SHIFT) {
 #pragma unroll
-                            for (int mt = 0; mt < 2; mt++) {
-                                uint32_t qa[4], qb[4];   /* rows 16mt + g and + 8 */
-                                wq_dec_fp4x8(raw[u][2 * mt][bl], qa);
-                                wq_dec_fp4x8(raw[u][2 * mt + 1][bl], qb);
-                                g_mma_bf16(part[mt], qa[3], qb[3], qa[1], qb[1], bw[4 * bl], bw[4 * bl + 1]);
-                                g_mma_bf16(part[mt], qa[2], qb[2], qa[0], qb[0], bw[4 * bl + 2], bw[4 * bl + 3]);
-                            }
-                        } else
-#pragma unroll
-                        for (int s = 2 * bl; s < 2 * bl + 2; s++) {
-                            uint32_t af[4][2];
-#pragma unroll
-                            for (int i = 0; i < 4; i++) wq_dec_fp4(raw[u][i][s >> 1] >> (16 * (s & 1)), af[i][0], af[i][1]);
-#pragma unroll
-                            for (int mt = 0; mt < 2; mt++)
-                                g_mma_bf16(part[mt], af[2 * mt][0], af[2 * mt + 1][0], af[2 * mt][1], af[2 * mt + 1][1],
-                                           bw[2 * s], bw[2 * s + 1]);
+                        for (int mt = 0; mt < 2; mt++) {
+                            uint32_t qa[4], qb[4];   /* rows 16mt + g and + 8; k-steps 2bl (q[3], q[2]) and 2bl + 1 */
+                            wq_dec_fp4x8(raw[u][2 * mt][bl], WQ_S126, qa);
+                            wq_dec_fp4x8(raw[u][2 * mt + 1][bl], WQ_S126, qb);
+                            g_mma_bf16(part[mt], qa[3], qb[3], qa[2], qb[2], bw[4 * bl], bw[4 * bl + 1]);
+                            g_mma_bf16(part[mt], qa[1], qb[1], qa[0], qb[0], bw[4 * bl + 2], bw[4 * bl + 3]);
                         }
 #pragma unroll
                         for (int mt = 0; mt < 2; mt++)
@@ -603,7 +578,7 @@ __global__ void __launch_bounds__(128, 4) g_wq_gemv_kernel(wq_args a)
                     for (int s = 0; s < 4; s++) {
                         uint32_t af[4][2];
 #pragma unroll
-                        for (int i = 0; i < 4; i++) wq_step<FMT>(raw[u][i], s, mul[i], af[i][0], af[i][1]);
+                        for (int i = 0; i < 4; i++) wq_cvt_fp8(raw[u][i][s], mul[i][s >> 1], af[i][0], af[i][1]);
 #pragma unroll
                         for (int mt = 0; mt < 2; mt++)
                             g_mma_bf16(acc[mt], af[2 * mt][0], af[2 * mt + 1][0], af[2 * mt][1], af[2 * mt + 1][1],
@@ -641,14 +616,18 @@ __global__ void g_wq_reduce_kernel(const float *__restrict__ part, int splits, s
 
 // bf16 copy of group g, one tiled block (128 rows x 64 columns) per CTA: blockIdx.x = k tile,
 // blockIdx.y = 128-row band, so consecutive CTAs read consecutive blocks. The block comes in by
-// 16-byte loads into shared memory; thread (row r, k-step s) then gathers its 16 columns, which
-// the A-fragment permutation keeps in word s (fp4: 16-bit half s) of each of the row's four 16-byte
-// (fp4: 8-byte) chunks, converts them with the GEMM kernels' register conversions and writes them
-// with two 16-byte stores, columns 16s..16s+15 of the k tile (a warp writes 8 whole 128-byte row
-// segments). A warp's gather reads 8 rows; their 16-byte chunks are stored xor-swizzled (chunk q
-// of row r at q ^ wq_dq_sw(r)) so that the 8 rows fall in distinct banks.
+// 16-byte loads into shared memory; each thread then gathers the columns of its row that the
+// A-fragment permutation keeps together, converts them with the GEMM kernels' register
+// conversions and writes them with 16-byte stores.
+//  - fp8: thread (row r, k-step s) takes word s of each of the row's four 16-byte chunks, columns
+//    16s..16s+15 (two stores; a warp writes 8 whole 128-byte row segments); chunk q of row r is
+//    stored at q ^ ((r >> 1) & 3).
+//  - fp4: thread (row r, k-step s) takes word s / 2 of each of the row's four 8-byte chunks and
+//    decodes the half of it that is k-step s (two stores as fp8; a thread per word and four stores
+//    of its 32 columns was 24 % slower, session 9: a warp's stores then touch 16 rows at once);
+//    chunk q of row r is stored at q ^ ((r >> 2) & 3).
+// The swizzles put the 8 rows and 2 words of a warp's gather in distinct banks.
 #define WQ_DQ_THREADS 256
-template <int FMT> __device__ __forceinline__ int wq_dq_sw(int r) { return FMT == V41G_WQ_FP8 ? (r >> 1) & 3 : (r >> 2) & 1; }
 template <int FMT>
 __global__ void __launch_bounds__(WQ_DQ_THREADS) g_wq_dequant_kernel(v41g_wq W, int g, uint16_t *__restrict__ out)
 {
@@ -659,35 +638,72 @@ __global__ void __launch_bounds__(WQ_DQ_THREADS) g_wq_dequant_kernel(v41g_wq W, 
 #pragma unroll
     for (int i = threadIdx.x; i < WT / 16; i += WQ_DQ_THREADS) {
         const int r = i / QR, q = i % QR;
-        ((uint4 *)t)[r * QR + (q ^ wq_dq_sw<FMT>(r))] = __ldg(src + i);
+        const uint4 v = __ldg(src + i);
+        if (FMT == V41G_WQ_FP8) ((uint4 *)t)[r * QR + (q ^ ((r >> 1) & 3))] = v;
+        else {
+            const int sw = (r >> 2) & 3;
+            ((uint2 *)t)[4 * r + ((2 * q) ^ sw)] = make_uint2(v.x, v.y);
+            ((uint2 *)t)[4 * r + ((2 * q + 1) ^ sw)] = make_uint2(v.z, v.w);
+        }
     }
     __syncthreads();
     const int ldsK = W.K / 32;
     const uint8_t *sc = W.s + (size_t)g * W.s_stride;
+    if (FMT == V41G_WQ_FP8) {
 #pragma unroll
-    for (int it = 0; it < 4 * WQ_BN / WQ_DQ_THREADS; it++) {
-        const int w = it * WQ_DQ_THREADS + threadIdx.x, r = w >> 2, s = w & 3;
-        const int n = band * WQ_BN + r, k = kt * 64 + 16 * s;
-        if (n >= W.N || k >= W.K) continue;
-        const uint32_t e = FMT == V41G_WQ_FP8 ? sc[(size_t)((W.r0 + n) >> 5) * ldsK + (k >> 5)] : sc[(size_t)n * ldsK + (k >> 5)];
-        const uint32_t mul = FMT == V41G_WQ_FP8 ? wq_mul_fp8(e) : wq_mul_fp4(e);
-        const uint8_t *row = t + r * WROW;
-        const int sw = wq_dq_sw<FMT>(r);
-        // lo[c], hi[c]: bf16x2 of columns 16s + 2c, +1 and 16s + 2c + 8, +9
-        uint32_t lo[4], hi[4];
+        for (int it = 0; it < 4 * WQ_BN / WQ_DQ_THREADS; it++) {
+            const int w = it * WQ_DQ_THREADS + threadIdx.x, r = w >> 2, s = w & 3;
+            const int n = band * WQ_BN + r, k = kt * 64 + 16 * s;
+            if (n >= W.N || k >= W.K) continue;
+            const uint32_t mul = wq_mul_fp8(sc[(size_t)((W.r0 + n) >> 5) * ldsK + (k >> 5)]);
+            const uint8_t *row = t + r * WROW;
+            const int sw = (r >> 1) & 3;
+            // lo[c], hi[c]: bf16x2 of columns 16s + 2c, +1 and 16s + 2c + 8, +9
+            uint32_t lo[4], hi[4];
 #pragma unroll
-        for (int c = 0; c < 4; c++) {
-            if (FMT == V41G_WQ_FP8) wq_cvt_fp8(*(const uint32_t *)(row + 16 * (c ^ sw) + 4 * s), mul, lo[c], hi[c]);
-            else wq_cvt_fp4(*(const uint16_t *)(row + 16 * ((c >> 1) ^ sw) + 8 * (c & 1) + 2 * s), mul, lo[c], hi[c]);
+            for (int c = 0; c < 4; c++) wq_cvt_fp8(*(const uint32_t *)(row + 16 * (c ^ sw) + 4 * s), mul, lo[c], hi[c]);
+            uint4 *o = (uint4 *)(out + (size_t)n * W.K + k);
+            o[0] = make_uint4(lo[0], lo[1], lo[2], lo[3]);   /* columns 16s + 0..7 */
+            o[1] = make_uint4(hi[0], hi[1], hi[2], hi[3]);   /* columns 16s + 8..15 */
         }
-        uint4 *o = (uint4 *)(out + (size_t)n * W.K + k);
-        o[0] = make_uint4(lo[0], lo[1], lo[2], lo[3]);   /* columns 16s + 0..7 */
-        o[1] = make_uint4(hi[0], hi[1], hi[2], hi[3]);   /* columns 16s + 8..15 */
+    } else {
+#pragma unroll
+        for (int it = 0; it < 4 * WQ_BN / WQ_DQ_THREADS; it++) {
+            const int w = it * WQ_DQ_THREADS + threadIdx.x, r = w >> 2, s = w & 3;
+            const int n = band * WQ_BN + r, k = kt * 64 + 16 * s;
+            if (n >= W.N || k >= W.K) continue;
+            const uint32_t e = sc[(size_t)n * ldsK + (k >> 5)], mul = wq_mul_fp4(e), big = wq_big_fp4(e);
+            const uint8_t *row = t + r * WROW;
+            const int sw = (r >> 2) & 3;
+            // k-step s is word s / 2 of each 8-byte chunk, nibbles 0, 4 (columns 16s + 2c, +1) and
+            // 1, 5 (+8, +9) for even s, nibbles 2, 6 and 3, 7 for odd s: the half of wq_dec_fp4x8
+            // that makes them (its q[3], q[2] for even s, q[1], q[0] for odd), on V = W << 8 or W
+            uint32_t lo[4], hi[4];
+#pragma unroll
+            for (int c = 0; c < 4; c++) {
+                const uint32_t V = *(const uint32_t *)(row + 8 * (c ^ sw) + 4 * (s >> 1)) << (8 * (~s & 1));
+                uint32_t y = (V << 4) & 0xF000F000u, b = (y | (y >> 6)) & 0x81C081C0u;
+                __nv_bfloat162 x = __hmul2(*(__nv_bfloat162 *)&b, *(const __nv_bfloat162 *)&mul);
+                y = V & 0xF000F000u;
+                b = (y | (y >> 6)) & 0x81C081C0u;
+                __nv_bfloat162 z = __hmul2(*(__nv_bfloat162 *)&b, *(const __nv_bfloat162 *)&mul);
+                if (e > 128u) {
+                    x = __hmul2(x, *(const __nv_bfloat162 *)&big);
+                    z = __hmul2(z, *(const __nv_bfloat162 *)&big);
+                }
+                lo[c] = *(uint32_t *)&x;
+                hi[c] = *(uint32_t *)&z;
+            }
+            uint4 *o = (uint4 *)(out + (size_t)n * W.K + k);
+            o[0] = make_uint4(lo[0], lo[1], lo[2], lo[3]);   /* columns 16s + 0..7 */
+            o[1] = make_uint4(hi[0], hi[1], hi[2], hi[3]);   /* columns 16s + 8..15 */
+        }
     }
 }
 
 // Tiled copy of checkpoint-layout codes: thread i -> byte i of a tile row segment (fp8: column
-// wq_col_of(i); fp4: the byte of columns wq_col_of(2i), +1), i over the whole tiled buffer.
+// wq_col_of(i); fp4: low nibble column wq_col_of4(2i), high nibble wq_col_of4(2i + 1)), i over
+// the whole tiled buffer.
 __global__ void g_wq_tile_kernel(int fmt, int N, int K, const uint8_t *__restrict__ codes, uint8_t *__restrict__ tiled,
                                  size_t bytes)
 {
@@ -702,8 +718,12 @@ __global__ void g_wq_tile_kernel(int fmt, int N, int K, const uint8_t *__restric
         const int k = kt * 64 + wq_col_of(b);
         if (n < N && k < K) v = codes[(size_t)n * K + k];
     } else {
-        const int k = kt * 64 + wq_col_of(2 * b);   /* even: the pair k, k+1 is one source byte */
-        if (n < N && k < K) v = codes[(size_t)n * (K / 2) + k / 2];
+        // checkpoint fp4: element k is the low (k even) or high nibble of byte k / 2 of its row
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            const int k = kt * 64 + wq_col_of4(2 * b + h);
+            if (n < N && k < K) v |= (uint8_t)(((codes[(size_t)n * (K / 2) + k / 2] >> (4 * (k & 1))) & 15) << (4 * h));
+        }
     }
     tiled[i] = v;
 }
@@ -809,9 +829,6 @@ int split_for(const v41g_wq *W, int M, bool wg, size_t ws_bytes, int *kps)
 // most 8 rows per group on average, unless V41_WQ_NO_GEMV is set (read at every call: the tests
 // compare it with the tiled kernels), K % 256 != 0, or its staged rows do not fit shared memory.
 bool use_gemv() { return !g_env_flag("V41_WQ_NO_GEMV"); }
-// The fp4 decode kernel decodes with shifts instead of table lookups when V41_WQ_FP4_SHIFT is set
-// (read at every call; off by default until it has been measured on the H200, see README).
-bool use_fp4_shift() { return g_env_flag("V41_WQ_FP4_SHIFT"); }
 size_t gemv_smem(int xr, int kps) { return (size_t)xr * (128 * (size_t)kps + 16); }
 // (the kernel loads the scale bytes of 4 (fp4) or 2 (fp8) tiles at once and runs whole groups of
 // 4 tiles: K % 256 == 0, k ranges of whole groups, 8-byte aligned scale rows and groups)
@@ -855,14 +872,11 @@ int launch_gemv(int fmt, dim3 grid, const wq_args &a, cudaStream_t st)
 {
     const int sm = (int)gemv_smem(a.xr, a.kt_per_split);
     if (fmt == V41G_WQ_FP8) {
-        if (int rc = set_smem(g_wq_gemv_kernel<V41G_WQ_FP8, false>, sm)) return rc;
-        g_wq_gemv_kernel<V41G_WQ_FP8, false><<<grid, 128, sm, st>>>(a);
-    } else if (use_fp4_shift()) {
-        if (int rc = set_smem(g_wq_gemv_kernel<V41G_WQ_FP4, true>, sm)) return rc;
-        g_wq_gemv_kernel<V41G_WQ_FP4, true><<<grid, 128, sm, st>>>(a);
+        if (int rc = set_smem(g_wq_gemv_kernel<V41G_WQ_FP8>, sm)) return rc;
+        g_wq_gemv_kernel<V41G_WQ_FP8><<<grid, 128, sm, st>>>(a);
     } else {
-        if (int rc = set_smem(g_wq_gemv_kernel<V41G_WQ_FP4, false>, sm)) return rc;
-        g_wq_gemv_kernel<V41G_WQ_FP4, false><<<grid, 128, sm, st>>>(a);
+        if (int rc = set_smem(g_wq_gemv_kernel<V41G_WQ_FP4>, sm)) return rc;
+        g_wq_gemv_kernel<V41G_WQ_FP4><<<grid, 128, sm, st>>>(a);
     }
     G_LAUNCHED();
     return 0;
@@ -961,13 +975,12 @@ extern "C" int v41g_wq_gemm_grouped(const v41g_wq *W, int G, const int32_t *off,
 {
     if (!wq_valid(W) || G <= 0 || !off || M_total < 0 || ((uintptr_t)x % 16)) return (int)cudaErrorInvalidValue;
     if (M_total == 0) return 0;
-    // rows per m tile from the mean rows per group (the counts themselves stay on the device), or
-    // from V41_WQ_GROUP_TILE rows (read at every call; an experiment hook: with counts spread
-    // around the mean, about half the groups of a 64-row mean take a second m tile, and with it a
-    // second decode of their weights, which a 128-row tile would avoid at the price of idle MMA rows)
+    // rows per m tile from the mean rows per group (the counts themselves stay on the device); a
+    // tile for 128 rows at the MoE's 4096 tokens (64 a group on average) measured 13.1 against
+    // 10.4 ms (session 9): decoding the weights of the groups past 64 rows twice costs less than
+    // half-empty MMAs for all of them
     const bool wg = use_wgmma();
-    const char *tenv = getenv("V41_WQ_GROUP_TILE");
-    const int tile = tenv ? atoi(tenv) : 0, BM = bm_for(tile > 0 ? tile : (M_total + G - 1) / G, wg);
+    const int BM = bm_for((M_total + G - 1) / G, wg);
     wq_args a = args_of(W, x, M_total, y, out_f32);
     a.off = off;
     a.xrow = xrow;

@@ -404,45 +404,23 @@ static void grouped_case(int i)
 START_TEST(test_grouped) { grouped_case(_i); }
 END_TEST
 
-/* the fp4 decode kernel's shift decode (V41_WQ_FP4_SHIFT, read at every call): every fp4 dense
- * shape (M <= 8 with K % 256 == 0 take the decode kernel: 1x128x512, 1x300x2048) and every fp4
- * grouped case (the gathered 300x512 with a 9-row group in two m tiles, 129x256 at 4-row m tiles);
- * the other shapes run the tiled kernels, unchanged */
-#define N_GR ((int)(sizeof gr_cases / sizeof gr_cases[0]))
-START_TEST(test_fp4_shift)
-{
-    setenv("V41_WQ_FP4_SHIFT", "1", 1);
-    if (_i < N_GM) gemm_case(V41G_WQ_FP4, _i);
-    else if (gr_cases[_i - N_GM].fmt == V41G_WQ_FP4) grouped_case(_i - N_GM);
-    unsetenv("V41_WQ_FP4_SHIFT");
-}
-END_TEST
-
-/* every grouped case again with the tiled kernels' m tile sized for 128 rows (V41_WQ_GROUP_TILE,
- * read at every call): m tiles larger than most groups (the wgmma kernel at BN = 128, the mma.sync
- * kernel at 64) */
-START_TEST(test_grouped_tile128)
-{
-    setenv("V41_WQ_GROUP_TILE", "128", 1);
-    grouped_case(_i);
-    unsetenv("V41_WQ_GROUP_TILE");
-}
-END_TEST
 
 /* ------------------------------------------------------------ v41g_wq_dequant */
 /* group 2 of three (strided), and an fp8 row slice: bf16 bits of the exact values, -0 included;
  * the last two span several 128-row bands and 64-column k tiles, the last one partial in both
- * (N % 128 != 0, K % 64 = 32) */
-typedef struct { int fmt, G, g, N, K, r0; } dq_case;
-static const dq_case dq_cases[] = {{V41G_WQ_FP8, 3, 2, 70, 96, 0}, {V41G_WQ_FP4, 3, 2, 33, 64, 0},
-                                   {V41G_WQ_FP8, 1, 0, 45, 64, 40}, {V41G_WQ_FP8, 2, 1, 300, 224, 8},
-                                   {V41G_WQ_FP4, 2, 1, 270, 160, 0}};
+ * (N % 128 != 0, K % 64 = 32); the last fp4 case takes scale bytes over all of 0..254 (fp4's
+ * multiply by 2^(e-1), and the second multiply above 128: bf16 subnormals at e = 0, 1, infinities
+ * from 6 * 2^(e-127) >= 2^128 at e >= 253, as ref's fp32 product rounded to bf16) */
+typedef struct { int fmt, G, g, N, K, r0, slo, shi; } dq_case;
+static const dq_case dq_cases[] = {{V41G_WQ_FP8, 3, 2, 70, 96, 0, 107, 131}, {V41G_WQ_FP4, 3, 2, 33, 64, 0, 107, 131},
+                                   {V41G_WQ_FP8, 1, 0, 45, 64, 40, 107, 131}, {V41G_WQ_FP8, 2, 1, 300, 224, 8, 107, 131},
+                                   {V41G_WQ_FP4, 2, 1, 270, 160, 0, 107, 131}, {V41G_WQ_FP4, 1, 0, 200, 1024, 0, 0, 254}};
 START_TEST(test_dequant)
 {
     const dq_case c = dq_cases[_i];
     rng_seed(600 + _i);
     /* fp8 edge codes on every group's first row; the rest random (1/16 subnormal, 1/128 each zero) */
-    qw q = qw_make(c.fmt, c.G, c.N, c.K, c.r0, c.G > 1, c.fmt == V41G_WQ_FP8 ? gen_fp8_any : gen_fp4_any, 107, 131);
+    qw q = qw_make(c.fmt, c.G, c.N, c.K, c.r0, c.G > 1, c.fmt == V41G_WQ_FP8 ? gen_fp8_any : gen_fp4_any, c.slo, c.shi);
     v41g_wq W = qw_desc(&q, 0);
     const size_t n = (size_t)c.N * c.K;
     uint16_t *want = malloc(2 * n);
@@ -714,8 +692,6 @@ static Suite *wq_suite(void)
     tc = tcase_create("grouped");
     tcase_set_timeout(tc, 120);
     tcase_add_loop_test(tc, test_grouped, 0, (int)(sizeof gr_cases / sizeof gr_cases[0]));
-    tcase_add_loop_test(tc, test_fp4_shift, 0, N_GM + N_GR);
-    tcase_add_loop_test(tc, test_grouped_tile128, 0, N_GR);
     tcase_add_loop_test(tc, test_dequant, 0, (int)(sizeof dq_cases / sizeof dq_cases[0]));
     suite_add_tcase(s, tc);
     tc = tcase_create("moe");

@@ -2,7 +2,7 @@
 # device_run.sh: build the GPU parts, run the GPU tests (plus compute-sanitizer)
 # and the benchmark on a machine with a GPU, in one go. Run from the repo root:
 #   gpu/bench/device_run.sh [tests] [memcheck] [racecheck] [bench] [quickbench] [torch]
-#                           [check] [oracle] [parity] [serve] [oracledump] [resident] [decodebench] [wq] [wqexp]
+#                           [check] [oracle] [parity] [serve] [oracledump] [resident] [decodebench] [wq]
 # The kernel library, its tests and the standalone benchmark are always built;
 # check/oracle/parity/serve also build the harness and every test program
 # (FULL=1 builds them up front).
@@ -149,23 +149,6 @@ PY
      done
      ./gpu/bench/v41_gpu_bench --only wq --json "$OUT/profile-wq.json" > "$OUT/bench-wq.log" 2>&1
      echo "wq bench rc=$?"; grep -E "^(wq|moe|gemm)|ceilings" "$OUT/bench-wq.log" | cut -c1-150 ;;
-  wqexp) # session 8's storage-format experiments, both off by default: the fp4 decode kernel's shift
-     # decode (V41_WQ_FP4_SHIFT) and 128-row m tiles for grouped calls (V41_WQ_GROUP_TILE=128). Their
-     # tests (the grouped case), memcheck on them, then the fp4 records with the table decode and with
-     # the shift decode, and the MoE records with the default and the 128-row m tile
-     [ -x tests/test_gpu_wq ] || make -j"$J" tests/test_gpu_wq >> "$OUT/build.log" 2>&1
-     CK_RUN_CASE=grouped ./tests/test_gpu_wq > "$OUT/wqexp-test.log" 2>&1; echo "test_gpu_wq grouped rc=$?"
-     grep -E "^[0-9]+%|Fail|Error|error" "$OUT/wqexp-test.log" | head -10
-     CK_RUN_CASE=grouped CK_TIMEOUT_MULTIPLIER=40 compute-sanitizer --tool memcheck --print-limit 10 ./tests/test_gpu_wq \
-       > "$OUT/wqexp-memcheck.log" 2>&1; echo "memcheck rc=$?"; grep -E "ERROR SUMMARY" "$OUT/wqexp-memcheck.log" | sort | uniq -c
-     for sh in 0 1; do
-       V41_WQ_FP4_SHIFT=$sh ./gpu/bench/v41_gpu_bench --only wq --match fp4 --json "$OUT/profile-fp4shift$sh.json" \
-         > "$OUT/bench-fp4shift$sh.log" 2>&1; echo "V41_WQ_FP4_SHIFT=$sh bench rc=$?"
-       grep -E "fp4_M1 |fp4_M8 |grouped_T64|grouped_T512|moe_fp4_T" "$OUT/bench-fp4shift$sh.log" | cut -c1-80
-     done
-     V41_WQ_GROUP_TILE=128 ./gpu/bench/v41_gpu_bench --only wq --match moe_fp4 --json "$OUT/profile-tile128.json" \
-       > "$OUT/bench-tile128.log" 2>&1; echo "V41_WQ_GROUP_TILE=128 bench rc=$?"
-     grep -E "moe_fp4_T" "$OUT/bench-tile128.log" | cut -c1-80 ;;
   torch) (cd "$TOP" && PYTHONUNBUFFERED=1 python3 gpu/bench/torch_layer.py --json "$OUT/torch.json") > "$OUT/torch.log" 2>&1; echo "torch rc=$?"; tail -15 "$OUT/torch.log" ;;
   esac
   echo "$what: $(( $(date +%s) - t0 )) s"

@@ -1,57 +1,80 @@
 #!/usr/bin/python3
-# fp4shift_model.py: host-side model of the decode kernel's fp4 shift decode (gpu/k_wq.cu,
-# V41_WQ_FP4_SHIFT). Checks, without a GPU:
-#  - the index mapping: with the tiled code layout (wq_col_of), wq_dec_fp4x8's pairs (nibble 3-t,
-#    7-t of a thread's word) as the A fragments of the two MMAs of a 32-column block and the
-#    activation words staged as the kernel stages them (the B fragments), every virtual k of an
-#    MMA meets the same actual column in A and B, and each column of the block is used once;
-#  - the decode: for all 16 codes at every nibble position, the bf16 bits (sign at 15, magnitude
-#    at 8..6) times 2^126 are the e2m1 value, the sign of zero included.
-# Mirrors the kernel's formulas; run it after changing either side.  Exit 0 when both hold.
-import itertools, struct
-def col_of(p):  # tile position -> column (wq_col_of)
-    return 16*((p>>2)&3) + 2*(p>>4) + (p&1) + 8*((p>>1)&1)
-def pos_of(k):
-    return 16*((k&7)>>1) + 4*(k>>4) + 2*((k>>3)&1) + (k&1)
-assert all(col_of(pos_of(k))==k for k in range(64))
-# A side: for thread c, word bl, nibble n -> position 16c + 8bl + n -> column
-def acol(c, bl, n): return col_of(16*c + 8*bl + n)
-# q[t]: lo = nibble 3-t, hi = nibble 7-t
-def q(c, bl, t): return (acol(c,bl,3-t), acol(c,bl,7-t))
-# staging: word index within row-tile segment (32 words) -> (lo col, hi col)
-stage = {}
-for j in (0,1,4,5):
-    for h in range(4):
-        k = 8*j + 2*h
-        w = 8*h + 4*(j>>2) + (j&1)
-        assert w not in stage and w+2 not in stage
-        stage[w] = (k, k+16); stage[w+2] = (k+1, k+17)
-assert sorted(stage) == list(range(32)), sorted(stage)
-def bw(c, i): return stage[8*c + i]
-for bl in range(2):
-    cols = []
-    for c in range(4):
-        for (A0, A2, B0, B1) in ((q(c,bl,3), q(c,bl,1), bw(c,4*bl), bw(c,4*bl+1)), (q(c,bl,2), q(c,bl,0), bw(c,4*bl+2), bw(c,4*bl+3))):
-            # a0 (virtual 2c, 2c+1) pairs with b0 (virtual 2c, 2c+1); a2 with b1
-            assert A0 == B0, (bl, c, A0, B0)
-            assert A2 == B1, (bl, c, A2, B1)
-            cols += list(A0) + list(A2)
-    assert sorted(cols) == list(range(32*bl, 32*bl+32)), (bl, sorted(cols))
-print("mapping ok")
-# decode exactness: bf16 bits -> value
-def bf16(b):
+# fp4shift_model.py: host-side model of the fp4 tile layout and shift decode of gpu/k_wq.cu
+# (wq_col_of4, wq_dec_fp4x8, wq_mul_fp4, wq_big_fp4, g_wq_tile_kernel). Checks, without a GPU:
+#  - the layout: wq_col_of4 is a permutation of each 64-column tile row, and for every thread
+#    (lane % 4 = c) and word w of its 8 bytes, wq_dec_fp4x8's pairs (nibble 3-t low, 7-t high) are
+#    the mma/wgmma A registers of k-steps 2w (q[3] = a0/a1: columns 16s + 2c, +1; q[2] = a2/a3:
+#    16s + 2c + 8, +9) and 2w + 1 (q[1], q[0]), and word w lies in one 32-column scale block;
+#  - the decode: for all 16 codes at every nibble position and every scale byte e = 0..254, the
+#    bf16 bits (sign at 15, magnitude at 8..6) times 2^(min(e,128)-1), then for e > 128 times
+#    2^(e-128), each product rounded to bf16 as the hardware's bf16x2 multiply rounds it, equal
+#    the bf16 rounding of code * 2^(e-127) (what ref's fp32 product gives; the sign of zero too).
+# Mirrors the kernel's formulas; run it after changing either side. Exit 0 when all hold.
+import math, struct
+
+def col_of4(p):   # tile-row position p = 16c + 8w + j -> column
+    return 16 * (2 * ((p >> 3) & 1) + ((p >> 1) & 1)) + 2 * (p >> 4) + ((p >> 2) & 1) + 8 * (p & 1)
+
+assert sorted(col_of4(p) for p in range(64)) == list(range(64))
+for c in range(4):
+    for w in range(2):
+        col = lambda j: col_of4(16 * c + 8 * w + j)
+        q = {t: (col(3 - t), col(7 - t)) for t in range(4)}
+        for s, lo, hi in ((2 * w, q[3], q[2]), (2 * w + 1, q[1], q[0])):
+            assert lo == (16 * s + 2 * c, 16 * s + 2 * c + 1), (c, w, s, lo)
+            assert hi == (16 * s + 2 * c + 8, 16 * s + 2 * c + 9), (c, w, s, hi)
+        assert len({col(j) // 32 for j in range(8)}) == 1 and col(0) // 32 == w
+# g_wq_tile_kernel: byte b of a tile row holds positions 2b (low nibble), 2b + 1 (high); word w of
+# thread c is bytes 8c + 4w .. + 3 little-endian, so its nibble j is position 16c + 8w + j
+for c in range(4):
+    for w in range(2):
+        for j in range(8):
+            b, h = divmod(16 * c + 8 * w + j, 2)
+            assert b == 8 * c + 4 * w + j // 2 and h == j % 2
+print("layout ok")
+
+def bf16_val(b):
     return struct.unpack('<f', struct.pack('<I', (b & 0xFFFF) << 16))[0]
-E2M1 = [0, .5, 1, 1.5, 2, 3, 4, 6]
-# every code at every nibble position
+
+def bf16_round(v):   # exact double -> nearest bf16 value (ties to even, subnormals, overflow to inf)
+    if v == 0 or math.isinf(v):
+        return v
+    a = abs(v)
+    ex = max(math.frexp(a)[1] - 1, -126)   # unbiased exponent, subnormal range clamped
+    quantum = 2.0 ** (ex - 7)
+    n = a / quantum
+    r = math.floor(n)
+    if n - r > 0.5 or (n - r == 0.5 and r % 2 == 1):
+        r += 1
+    out = r * quantum
+    if out >= 2.0 ** 128:
+        out = math.inf
+    return math.copysign(out, v)
+
+E2M1 = [0.0, .5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0]
+def mul_fp4(e): return 2.0 ** (min(e, 128) - 1)
+def big_fp4(e): return 1.0 if e <= 128 else 2.0 ** (e - 128)
+checked = 0
 for W in [0x76543210, 0xFEDCBA98, 0x89ABCDEF, 0x01234567, 0x10325476, 0x98BADCFE, 0xEFCDAB89, 0x67452301]:
     for t in range(4):
-        y = ((W << (4*t)) & 0xFFFFFFFF) & 0xF000F000
+        y = ((W << (4 * t)) & 0xFFFFFFFF) & 0xF000F000
         b = (y | (y >> 6)) & 0x81C081C0
-        for half, nib in ((0, 3-t), (1, 7-t)):
-            code = (W >> (4*nib)) & 15
-            want = (-1 if code & 8 else 1) * E2M1[code & 7]
-            got = bf16(b >> (16*half)) * 2.0**126
-            assert got == want, (hex(W), t, half, code, got, want)
-            # the sign of zero too (0x8 is -0)
-            assert (struct.pack('<f', got)[3] & 0x80 != 0) == (code & 8 != 0), ('sign', hex(W), t, half, code)
-print("decode ok")
+        for half, nib in ((0, 3 - t), (1, 7 - t)):
+            code = (W >> (4 * nib)) & 15
+            x = bf16_val(b >> (16 * half))
+            assert x == (-1.0 if code & 8 else 1.0) * E2M1[code & 7] * 2.0 ** -126, (hex(W), t, code)
+            for e in range(255):
+                got = bf16_round(bf16_round(x * mul_fp4(e)) * big_fp4(e))
+                want = bf16_round((-1.0 if code & 8 else 1.0) * E2M1[code & 7] * 2.0 ** (e - 127))
+                assert got == want and math.copysign(1, got) == math.copysign(1, want), (hex(W), t, code, e, got, want)
+                checked += 1
+print("decode ok (%d code x scale pairs)" % checked)
+# g_wq_dequant_kernel decodes one k-step s of word W: V = W << 8 (s even) or W (s odd), low pair
+# from V << 4, high pair from V: the same bits as wq_dec_fp4x8's q[3], q[2] (even) or q[1], q[0]
+for W in [0x76543210, 0xFEDCBA98, 0x89ABCDEF, 0x01234567]:
+    y = lambda t: ((W << (4 * t)) & 0xFFFFFFFF) & 0xF000F000
+    for odd in (0, 1):
+        V = (W << (8 * (1 - odd))) & 0xFFFFFFFF
+        assert ((V << 4) & 0xFFFFFFFF) & 0xF000F000 == y(1 if odd else 3)
+        assert V & 0xF000F000 == y(0 if odd else 2)
+print("dequant half decode ok")
