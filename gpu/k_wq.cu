@@ -359,12 +359,16 @@ template <int BN> __device__ __forceinline__ void wq_wg_mma(float (&d)[BN / 2], 
 #endif
 }
 
+// k tiles per pipeline stage: fp4 takes two (the second tile's dequantization overlaps the first
+// tile's wgmmas, and the barrier, cp.async addressing and wgmma wait are per two tiles); fp8's
+// 8 KB tiles keep one (two would halve its CTAs per SM at BN = 64)
+__host__ __device__ constexpr int wq_wg_u(int fmt) { return fmt == V41G_WQ_FP4 ? 2 : 1; }
 template <int FMT, int BN>
-__global__ void __launch_bounds__(256, 1) g_wq_wgmma_kernel(wq_args a)
+__global__ void __launch_bounds__(256, BN <= 64 ? 2 : 1) g_wq_wgmma_kernel(wq_args a)
 {
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
     constexpr int THREADS = 256, WROW = wq_wrow(FMT), WT = WQ_BN * WROW, STAGE = wq_wg_stage(FMT, BN),
-                  STAGES = wq_stages(BN);
+                  U = wq_wg_u(FMT), STAGES = wq_stages(BN);
     static_assert(WT % 1024 == 0 && STAGE % 1024 == 0, "stages keep the 1024-byte swizzle alignment");
     extern __shared__ __align__(1024) unsigned char wq_smw[];
     const uint32_t sraw = (uint32_t)__cvta_generic_to_shared(wq_smw);
@@ -379,10 +383,37 @@ __global__ void __launch_bounds__(256, 1) g_wq_wgmma_kernel(wq_args a)
     for (int m0 = C.mbeg; m0 < C.mend; m0 += BN) {
         const int mrows = min(BN, C.mend - m0);
         const wq_xsrc<BN, THREADS> X(a, tid, m0, mrows);
+        // stage st holds U sub-stages (weight tile, then activation tile), k tiles kt, kt + 1, ...
+        // (those below the split's end); a band's k tiles are consecutive in global memory
         auto load = [&](int kt, int st) {
-            const uint32_t sw = sbase + st * STAGE, sx = sw + WT;
-            wq_wload<WT, THREADS>(sw, Wb + (size_t)kt * WT, tid);
-            X.load(a, kt, [&](int r) { return sx + r * 128 + ((X.ch ^ (r & 7)) << 4); });   /* 128B swizzle */
+#pragma unroll
+            for (int j = 0; j < U; j++)
+                if (kt + j < C.kt1) {
+                    const uint32_t sw = sbase + (st * U + j) * STAGE, sx = sw + WT;
+                    wq_wload<WT, THREADS>(sw, Wb + (size_t)(kt + j) * WT, tid);
+                    X.load(a, kt + j, [&](int r) { return sx + r * 128 + ((X.ch ^ (r & 7)) << 4); });   /* 128B swizzle */
+                }
+        };
+        // the A registers of k tile kt from sub-stage ss: af[s] = a0 (row g, cols 2c..), a1 (row g+8),
+        // a2 (row g, cols 2c+8..), a3 of k-step s
+        auto decode = [&](int kt, int ss, uint32_t (&af)[4][4]) {
+            uint32_t mA[2], mB[2], bA[2], bB[2];
+            const bool fix = wq_scales<FMT>(sA, kt, C.ldsK, mA, bA) | wq_scales<FMT>(sB, kt, C.ldsK, mB, bB);
+            const unsigned char *Ws = gbase + ss * STAGE;
+            uint32_t rawA[WROW / 16], rawB[WROW / 16];
+            wq_raw<FMT>(Ws, rA, c, rawA);
+            wq_raw<FMT>(Ws, rB, c, rawB);
+            uint32_t loA[4], hiA[4], loB[4], hiB[4];
+            wq_row<FMT>(rawA, mA, loA, hiA);
+            wq_row<FMT>(rawB, mB, loB, hiB);
+            if (FMT == V41G_WQ_FP4 && __any_sync(0xFFFFFFFFu, fix)) {
+                wq_row_fix(bA, loA, hiA);
+                wq_row_fix(bB, loB, hiB);
+            }
+#pragma unroll
+            for (int s = 0; s < 4; s++) {
+                af[s][0] = loA[s]; af[s][1] = loB[s]; af[s][2] = hiA[s]; af[s][3] = hiB[s];
+            }
         };
         float acc[BN / 2];
 #pragma unroll
@@ -390,43 +421,40 @@ __global__ void __launch_bounds__(256, 1) g_wq_wgmma_kernel(wq_args a)
         __syncthreads();   // every warp is done with the previous m tile's stages
 #pragma unroll
         for (int st = 0; st < STAGES - 1; st++) {
-            if (C.kt0 + st < C.kt1) load(C.kt0 + st, st);
+            if (C.kt0 + st * U < C.kt1) load(C.kt0 + st * U, st);
             g_cp_commit();
         }
-        for (int kt = C.kt0; kt < C.kt1; kt++) {
-            const int st = (kt - C.kt0) % STAGES;
+        for (int i = 0, kt = C.kt0; kt < C.kt1; i++, kt += U) {
+            const int st = i % STAGES;
             g_cp_wait<STAGES - 2>();
             aw_fence_proxy_async();   // this thread's activation rows become visible to wgmma
-            __syncthreads();          // tile kt landed for all threads; everyone is done with tile kt-1's stage
+            __syncthreads();          // stage i landed for all threads; everyone is done with stage i-1
             {
-                const int kn = kt + STAGES - 1;
-                if (kn < C.kt1) load(kn, (kn - C.kt0) % STAGES);
+                const int kn = kt + (STAGES - 1) * U;
+                if (kn < C.kt1) load(kn, (i + STAGES - 1) % STAGES);
                 g_cp_commit();
             }
-            uint32_t mA[2], mB[2], bA[2], bB[2];
-            const bool fix = wq_scales<FMT>(sA, kt, C.ldsK, mA, bA) | wq_scales<FMT>(sB, kt, C.ldsK, mB, bB);
-            const unsigned char *Ws = gbase + st * STAGE;
-            uint32_t rawA[WROW / 16], rawB[WROW / 16];
-            wq_raw<FMT>(Ws, rA, c, rawA);
-            wq_raw<FMT>(Ws, rB, c, rawB);
-            uint32_t loA[4], hiA[4], loB[4], hiB[4];   /* k-step s: a0 = loA (row g, cols 2c..), a1 = loB (row g+8), a2 = hiA (row g, cols 2c+8..), a3 = hiB */
-            wq_row<FMT>(rawA, mA, loA, hiA);
-            wq_row<FMT>(rawB, mB, loB, hiB);
-            if (FMT == V41G_WQ_FP4 && __any_sync(0xFFFFFFFFu, fix)) {
-                wq_row_fix(bA, loA, hiA);
-                wq_row_fix(bB, loB, hiB);
-            }
             uint32_t af[4][4];
-#pragma unroll
-            for (int s = 0; s < 4; s++) {
-                af[s][0] = loA[s]; af[s][1] = loB[s]; af[s][2] = hiA[s]; af[s][3] = hiB[s];
-            }
-            const uint64_t dx = aw_desc(sbase + st * STAGE + WT, 16, 1024);   /* K-major, 128-byte swizzle */
+            decode(kt, st * U, af);
             aw_fence_regs(acc);
             aw_wgmma_fence();
+            {
+                const uint64_t dx = aw_desc(sbase + st * U * STAGE + WT, 16, 1024);   /* K-major, 128-byte swizzle */
 #pragma unroll
-            for (int s = 0; s < 4; s++) wq_wg_mma<BN>(acc, af[s], dx + (uint64_t)((s * 32) >> 4));
+                for (int s = 0; s < 4; s++) wq_wg_mma<BN>(acc, af[s], dx + (uint64_t)((s * 32) >> 4));
+            }
             aw_wgmma_commit();
+            if (U > 1 && kt + 1 < C.kt1) {
+                // the second tile's dequantization runs while the first tile's wgmmas do (its own
+                // registers: af is read by the wgmmas in flight)
+                uint32_t af2[4][4];
+                decode(kt + 1, st * U + 1, af2);
+                aw_wgmma_fence();
+                const uint64_t dx = aw_desc(sbase + (st * U + 1) * STAGE + WT, 16, 1024);
+#pragma unroll
+                for (int s = 0; s < 4; s++) wq_wg_mma<BN>(acc, af2[s], dx + (uint64_t)((s * 32) >> 4));
+                aw_wgmma_commit();
+            }
             aw_wgmma_wait<0>();
             aw_fence_regs(acc);
         }
@@ -770,7 +798,7 @@ template <typename F> int set_smem(F *kern, int bytes)
 }
 template <int FMT, int BM> int smem_of(bool wg)
 {
-    return wg ? wq_stages(BM) * wq_wg_stage(FMT, BM) + 1024   /* + alignment of the swizzle atoms */
+    return wg ? wq_stages(BM) * wq_wg_u(FMT) * wq_wg_stage(FMT, BM) + 1024   /* + alignment of the swizzle atoms */
               : wq_stages(BM) * (WQ_BN * wq_wrow(FMT) + BM * WQ_XS);
 }
 // CTAs of the kernel that fit one SM (registers, shared memory), cached per kernel
