@@ -105,15 +105,22 @@ __device__ __forceinline__ void wq_cvt_fp8(uint32_t u, uint32_t mul, uint32_t &p
 // first shift is none): 19 instructions (the table lookup it replaced took 24 and two table
 // registers). With the fp4 tile layout, word w of a thread's row gives its A registers of k-steps
 // 2w (q[3]: a0/a1, q[2]: a2/a3) and 2w + 1 (q[1], q[0]).
+// bf16x2 product of two bf16x2 bit patterns
+__device__ __forceinline__ uint32_t wq_hmul2(uint32_t a, uint32_t b)
+{
+    __nv_bfloat162 r = __hmul2(*(const __nv_bfloat162 *)&a, *(const __nv_bfloat162 *)&b);
+    return *(uint32_t *)&r;
+}
+// one pair: the codes in bits 15..12 and 31..28 of x, times mul
+__device__ __forceinline__ uint32_t wq_dec_fp4x2(uint32_t x, uint32_t mul)
+{
+    const uint32_t y = x & 0xF000F000u;
+    return wq_hmul2((y | (y >> 6)) & 0x81C081C0u, mul);   /* sign at bit 15, magnitude at bits 8..6 */
+}
 __device__ __forceinline__ void wq_dec_fp4x8(uint32_t W, uint32_t mul, uint32_t (&q)[4])
 {
 #pragma unroll
-    for (int t = 0; t < 4; t++) {
-        const uint32_t y = (W << (4 * t)) & 0xF000F000u;   /* nibbles 3 - t, 7 - t at the top of each half */
-        uint32_t b = (y | (y >> 6)) & 0x81C081C0u;         /* sign at bit 15, magnitude at bits 8..6 */
-        __nv_bfloat162 r = __hmul2(*(__nv_bfloat162 *)&b, *(const __nv_bfloat162 *)&mul);
-        q[t] = *(uint32_t *)&r;
-    }
+    for (int t = 0; t < 4; t++) q[t] = wq_dec_fp4x2(W << (4 * t), mul);   /* nibbles 3 - t, 7 - t at the top of each half */
 }
 // Multipliers of an e8m0 scale byte: fp8 path (bf16x2 2^(e-7); e in [10, 134], clamped); fp4 path
 // (applied to code * 2^-126): 2^(min(e, 128) - 1), and for e > 128 the second factor 2^(e-128)
@@ -196,10 +203,8 @@ __device__ __forceinline__ void wq_row_fix(const uint32_t (&big)[2], uint32_t (&
 {
 #pragma unroll
     for (int s = 0; s < 4; s++) {
-        const __nv_bfloat162 f = *(const __nv_bfloat162 *)&big[s >> 1];
-        __nv_bfloat162 x = __hmul2(*(__nv_bfloat162 *)&lo[s], f), y = __hmul2(*(__nv_bfloat162 *)&hi[s], f);
-        lo[s] = *(uint32_t *)&x;
-        hi[s] = *(uint32_t *)&y;
+        lo[s] = wq_hmul2(lo[s], big[s >> 1]);
+        hi[s] = wq_hmul2(hi[s], big[s >> 1]);
     }
 }
 // raw codes of one row of the staged tile: this thread's 16 (fp8) or 8 (fp4) bytes
@@ -418,6 +423,14 @@ __global__ void __launch_bounds__(256, BN <= 64 ? 2 : 1) g_wq_wgmma_kernel(wq_ar
         float acc[BN / 2];
 #pragma unroll
         for (int i = 0; i < BN / 2; i++) acc[i] = 0.0f;
+        // the 4 wgmmas of a decoded tile against sub-stage ss's activations, one commit group
+        auto mma = [&](int ss, const uint32_t (&af)[4][4]) {
+            const uint64_t dx = aw_desc(sbase + ss * STAGE + WT, 16, 1024);   /* K-major, 128-byte swizzle */
+            aw_wgmma_fence();
+#pragma unroll
+            for (int s = 0; s < 4; s++) wq_wg_mma<BN>(acc, af[s], dx + (uint64_t)((s * 32) >> 4));
+            aw_wgmma_commit();
+        };
         __syncthreads();   // every warp is done with the previous m tile's stages
 #pragma unroll
         for (int st = 0; st < STAGES - 1; st++) {
@@ -437,23 +450,13 @@ __global__ void __launch_bounds__(256, BN <= 64 ? 2 : 1) g_wq_wgmma_kernel(wq_ar
             uint32_t af[4][4];
             decode(kt, st * U, af);
             aw_fence_regs(acc);
-            aw_wgmma_fence();
-            {
-                const uint64_t dx = aw_desc(sbase + st * U * STAGE + WT, 16, 1024);   /* K-major, 128-byte swizzle */
-#pragma unroll
-                for (int s = 0; s < 4; s++) wq_wg_mma<BN>(acc, af[s], dx + (uint64_t)((s * 32) >> 4));
-            }
-            aw_wgmma_commit();
+            mma(st * U, af);
             if (U > 1 && kt + 1 < C.kt1) {
                 // the second tile's dequantization runs while the first tile's wgmmas do (its own
                 // registers: af is read by the wgmmas in flight)
                 uint32_t af2[4][4];
                 decode(kt + 1, st * U + 1, af2);
-                aw_wgmma_fence();
-                const uint64_t dx = aw_desc(sbase + (st * U + 1) * STAGE + WT, 16, 1024);
-#pragma unroll
-                for (int s = 0; s < 4; s++) wq_wg_mma<BN>(acc, af2[s], dx + (uint64_t)((s * 32) >> 4));
-                aw_wgmma_commit();
+                mma(st * U + 1, af2);
             }
             aw_wgmma_wait<0>();
             aw_fence_regs(acc);
@@ -677,55 +680,39 @@ __global__ void __launch_bounds__(WQ_DQ_THREADS) g_wq_dequant_kernel(v41g_wq W, 
     __syncthreads();
     const int ldsK = W.K / 32;
     const uint8_t *sc = W.s + (size_t)g * W.s_stride;
-    if (FMT == V41G_WQ_FP8) {
 #pragma unroll
-        for (int it = 0; it < 4 * WQ_BN / WQ_DQ_THREADS; it++) {
-            const int w = it * WQ_DQ_THREADS + threadIdx.x, r = w >> 2, s = w & 3;
-            const int n = band * WQ_BN + r, k = kt * 64 + 16 * s;
-            if (n >= W.N || k >= W.K) continue;
+    for (int it = 0; it < 4 * WQ_BN / WQ_DQ_THREADS; it++) {
+        const int w = it * WQ_DQ_THREADS + threadIdx.x, r = w >> 2, s = w & 3;
+        const int n = band * WQ_BN + r, k = kt * 64 + 16 * s;
+        if (n >= W.N || k >= W.K) continue;
+        const uint8_t *row = t + r * WROW;
+        // lo[c], hi[c]: bf16x2 of columns 16s + 2c, +1 and 16s + 2c + 8, +9
+        uint32_t lo[4], hi[4];
+        if (FMT == V41G_WQ_FP8) {
             const uint32_t mul = wq_mul_fp8(sc[(size_t)((W.r0 + n) >> 5) * ldsK + (k >> 5)]);
-            const uint8_t *row = t + r * WROW;
             const int sw = (r >> 1) & 3;
-            // lo[c], hi[c]: bf16x2 of columns 16s + 2c, +1 and 16s + 2c + 8, +9
-            uint32_t lo[4], hi[4];
 #pragma unroll
             for (int c = 0; c < 4; c++) wq_cvt_fp8(*(const uint32_t *)(row + 16 * (c ^ sw) + 4 * s), mul, lo[c], hi[c]);
-            uint4 *o = (uint4 *)(out + (size_t)n * W.K + k);
-            o[0] = make_uint4(lo[0], lo[1], lo[2], lo[3]);   /* columns 16s + 0..7 */
-            o[1] = make_uint4(hi[0], hi[1], hi[2], hi[3]);   /* columns 16s + 8..15 */
-        }
-    } else {
-#pragma unroll
-        for (int it = 0; it < 4 * WQ_BN / WQ_DQ_THREADS; it++) {
-            const int w = it * WQ_DQ_THREADS + threadIdx.x, r = w >> 2, s = w & 3;
-            const int n = band * WQ_BN + r, k = kt * 64 + 16 * s;
-            if (n >= W.N || k >= W.K) continue;
+        } else {
             const uint32_t e = sc[(size_t)n * ldsK + (k >> 5)], mul = wq_mul_fp4(e), big = wq_big_fp4(e);
-            const uint8_t *row = t + r * WROW;
             const int sw = (r >> 2) & 3;
             // k-step s is word s / 2 of each 8-byte chunk, nibbles 0, 4 (columns 16s + 2c, +1) and
             // 1, 5 (+8, +9) for even s, nibbles 2, 6 and 3, 7 for odd s: the half of wq_dec_fp4x8
             // that makes them (its q[3], q[2] for even s, q[1], q[0] for odd), on V = W << 8 or W
-            uint32_t lo[4], hi[4];
 #pragma unroll
             for (int c = 0; c < 4; c++) {
                 const uint32_t V = *(const uint32_t *)(row + 8 * (c ^ sw) + 4 * (s >> 1)) << (8 * (~s & 1));
-                uint32_t y = (V << 4) & 0xF000F000u, b = (y | (y >> 6)) & 0x81C081C0u;
-                __nv_bfloat162 x = __hmul2(*(__nv_bfloat162 *)&b, *(const __nv_bfloat162 *)&mul);
-                y = V & 0xF000F000u;
-                b = (y | (y >> 6)) & 0x81C081C0u;
-                __nv_bfloat162 z = __hmul2(*(__nv_bfloat162 *)&b, *(const __nv_bfloat162 *)&mul);
+                lo[c] = wq_dec_fp4x2(V << 4, mul);
+                hi[c] = wq_dec_fp4x2(V, mul);
                 if (e > 128u) {
-                    x = __hmul2(x, *(const __nv_bfloat162 *)&big);
-                    z = __hmul2(z, *(const __nv_bfloat162 *)&big);
+                    lo[c] = wq_hmul2(lo[c], big);
+                    hi[c] = wq_hmul2(hi[c], big);
                 }
-                lo[c] = *(uint32_t *)&x;
-                hi[c] = *(uint32_t *)&z;
             }
-            uint4 *o = (uint4 *)(out + (size_t)n * W.K + k);
-            o[0] = make_uint4(lo[0], lo[1], lo[2], lo[3]);   /* columns 16s + 0..7 */
-            o[1] = make_uint4(hi[0], hi[1], hi[2], hi[3]);   /* columns 16s + 8..15 */
         }
+        uint4 *o = (uint4 *)(out + (size_t)n * W.K + k);
+        o[0] = make_uint4(lo[0], lo[1], lo[2], lo[3]);   /* columns 16s + 0..7 */
+        o[1] = make_uint4(hi[0], hi[1], hi[2], hi[3]);   /* columns 16s + 8..15 */
     }
 }
 

@@ -404,7 +404,6 @@ static void grouped_case(int i)
 START_TEST(test_grouped) { grouped_case(_i); }
 END_TEST
 
-
 /* ------------------------------------------------------------ v41g_wq_dequant */
 /* group 2 of three (strided), and an fp8 row slice: bf16 bits of the exact values, -0 included;
  * the last two span several 128-row bands and 64-column k tiles, the last one partial in both
