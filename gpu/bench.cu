@@ -31,6 +31,7 @@ struct bench {
     size_t flush_bytes = 256u << 20;
     int reps = 15;
     double copy_GBps = 0, gemm_TFLOPs = 0;
+    double floor_s = 0;   // one empty kernel timed like every op (graph launch + events): see ceilings()
     std::vector<op_rec> ops;
     std::vector<void *> allocs;
 
@@ -109,8 +110,17 @@ std::string fmt(const char *f, ...)
 const int D = 5120, H = 64, HD = 512, R = 64, QL = 1280, G = 8, OL = 1024, W = 128;
 const int NI = 32, DI = 128, TOPK = 512, E = 384, KA = 6, IM = 2304, HC = 4;
 
+__global__ void empty_kernel() {}
+
 void ceilings(bench &B)
 {
+    // The timing floor: a graph of one empty kernel, timed exactly as every op below (events around
+    // one graph launch). Every record includes it once; a small op of a few tens of microseconds
+    // cannot amortise it, a kernel inside a graph-replayed step pays only the kernel-to-kernel gap.
+    B.floor_s = B.time([&] {
+        empty_kernel<<<1, 32, 0, B.st>>>();
+        return (int)cudaGetLastError();
+    });
     size_t n = (size_t)2 << 30;   // 2 GiB each way
     void *a = B.alloc(n), *b = B.alloc(n);
     v41g_fill_bf16((uint16_t *)a, n / 2, 1, 1.0f, B.st);
@@ -616,6 +626,49 @@ void wq(bench &B, bool quick, const char *match)
     B.free_all();
 }
 
+// Access-pattern ceilings for the small ops (op "pattern": not ops of the model, the simulator's
+// profile loader ignores the class). They move exactly the bytes of the op they shadow, the same
+// way, with no arithmetic, so "op time / pattern time" is how far an op is from what its own
+// access pattern allows on this device (the copy ceiling is a dense read + write stream):
+// - pattern_read: one streaming read of n 16-byte vectors (the mHC mixes read X once), 4 loads in
+//   flight a thread, grid-stride; the xor of the data is stored only if it matches an impossible
+//   key, so the loads cannot be dropped.
+// - pattern_rope: RoPE's read-modify-write of the last r elements of every (row, head) (d-element
+//   rows, 16-byte vectors), mapped like g_rope_vec_kernel (a block of 256 threads per row, 2
+//   vectors a thread), the data written back unchanged.
+__global__ void __launch_bounds__(256) pattern_read_kernel(const uint4 *__restrict__ x, size_t n, uint32_t *sink)
+{
+    uint32_t a = 0;
+    const size_t stride = (size_t)gridDim.x * blockDim.x;
+    size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x;
+    for (; i + 3 * stride < n; i += 4 * stride) {
+        uint4 v[4];
+#pragma unroll
+        for (int u = 0; u < 4; u++) v[u] = __ldcs(x + i + u * stride);
+#pragma unroll
+        for (int u = 0; u < 4; u++) a ^= v[u].x ^ v[u].y ^ v[u].z ^ v[u].w;
+    }
+    for (; i < n; i += stride) { uint4 v = __ldcs(x + i); a ^= v.x ^ v.y ^ v.z ^ v.w; }
+    if (a == 0x9e3779b9u) sink[0] = a;
+}
+
+__global__ void __launch_bounds__(256) pattern_rope_kernel(uint16_t *x, int rows, int heads, int d, int r)
+{
+    const int vph = r / 8, nvr = heads * vph;
+    uint16_t *xb = x + (size_t)blockIdx.x * heads * d + (d - r);
+    uint4 v[2];
+#pragma unroll
+    for (int k = 0; k < 2; k++) {
+        const int i = threadIdx.x + k * 256;
+        if (i < nvr) v[k] = *(const uint4 *)(xb + (i / vph) * d + (i % vph) * 8);
+    }
+#pragma unroll
+    for (int k = 0; k < 2; k++) {
+        const int i = threadIdx.x + k * 256;
+        if (i < nvr) *(uint4 *)(xb + (i / vph) * d + (i % vph) * 8) = v[k];
+    }
+}
+
 void small(bench &B, bool quick)
 {
     int Ts[] = {64, 4096};
@@ -650,6 +703,14 @@ void small(bench &B, bool quick)
         t = B.time([&] { return v41g_rope(qb, pos, freqs, T, H, HD, R, 0, B.st); });
         B.rec("small", fmt("rope_q_T%d", T), fmt("{\"T\":%d,\"heads\":%d,\"head_dim\":%d,\"rope_dim\":%d}", T, H, HD, R),
               6.0 * T * H * R / 2, 2.0 * T * H * R * 2, t);
+        if (H * R / 8 <= 512) {   // the pattern kernel's 2 vectors a thread
+            t = B.time([&] {
+                pattern_rope_kernel<<<T, 256, 0, B.st>>>(qb, T, H, HD, R);
+                return (int)cudaGetLastError();
+            });
+            B.rec("pattern", fmt("pattern_rope_q_T%d", T), fmt("{\"T\":%d,\"heads\":%d,\"head_dim\":%d,\"rope_dim\":%d}", T, H, HD, R),
+                  0, 2.0 * T * H * R * 2, t);
+        }
         t = B.time([&] { return v41g_act_quant(x, q8, sc, y, T, D, B.st); });
         B.rec("small", fmt("act_quant_T%d", T), p, 0, T * D * (2.0 + 1 + 2) + T * D / 32 * 4.0, t);
         t = B.time([&] { return v41g_fp4_qdq(x, y, T, HD, 16, 1, B.st); });
@@ -662,6 +723,17 @@ void small(bench &B, bool quick)
         t = B.time([&] { return v41g_hc_mixes2(x, fn2, base, s3, T, HC, D, 1e-20f, 1e-6f, 20, pre, post, comb, B.st); });
         B.rec("small", fmt("hc_mixes_sinkhorn_T%d", T), fmt("{\"T\":%d,\"hc\":%d,\"dim\":%d}", T, HC, D),
               2.0 * T * HC * D * (2 + HC) * HC, (double)T * HC * D * 2 + (2 + HC) * HC * HC * D * 4.0, t);
+        {
+            const size_t nv = (size_t)T * HC * D / 8;
+            uint32_t *sink = (uint32_t *)B.alloc(16);
+            const unsigned nb = (unsigned)std::min<size_t>((nv + 255) / 256, (size_t)g_num_sms() * 8);
+            t = B.time([&] {
+                pattern_read_kernel<<<nb, 256, 0, B.st>>>((const uint4 *)x, nv, sink);
+                return (int)cudaGetLastError();
+            });
+            B.rec("pattern", fmt("pattern_read_X_T%d", T), fmt("{\"T\":%d,\"hc\":%d,\"dim\":%d}", T, HC, D), 0,
+                  (double)T * HC * D * 2, t);
+        }
         t = B.time([&] { return v41g_hc_pre(x, pre, y, T, HC, D, B.st); });
         B.rec("small", fmt("hc_pre_T%d", T), p, 2.0 * T * HC * D, (double)T * (HC + 1) * D * 2, t);
         t = B.time([&] { return v41g_hc_post(y, x, post, comb, x, T, HC, D, B.st); });
@@ -671,6 +743,12 @@ void small(bench &B, bool quick)
         v41g_h2d(freqs, hf, sizeof hf);
     }
     B.free_all();
+    // the same records net of the timing floor (ceilings()): what the kernel itself moves per second
+    for (const op_rec &o : B.ops)
+        if ((o.op == "small" || o.op == "pattern") && o.median_s > B.floor_s && o.name.find("_T64") == std::string::npos)
+            printf("net          %-34s %10.2f us %9.1f GB/s (%5.1f%% copy)  (median - %.2f us floor)\n", o.name.c_str(),
+                   (o.median_s - B.floor_s) * 1e6, o.bytes / (o.median_s - B.floor_s) * 1e-9,
+                   100 * o.bytes / (o.median_s - B.floor_s) * 1e-9 / B.copy_GBps, B.floor_s * 1e6);
 }
 
 // The kernels of the device-resident decode step (gpu/v41_gpu_dev.h) at V4.1-Flash shapes, a
@@ -952,8 +1030,8 @@ int write_json(const bench &B, const char *path, const char *dev)
     std::string tmp = std::string(path) + ".tmp";
     FILE *f = fopen(tmp.c_str(), "w");
     if (!f) { fprintf(stderr, "v41 bench gpu: cannot write %s\n", tmp.c_str()); return 2; }
-    fprintf(f, "{\"schema\":\"v41-profile/1\",\"device\":\"%s\",\"ceilings\":{\"copy_GBps\":%.6g,\"bf16_gemm_TFLOPs\":%.6g},"
-            "\"ops\":[", dev, B.copy_GBps, B.gemm_TFLOPs);
+    fprintf(f, "{\"schema\":\"v41-profile/1\",\"device\":\"%s\",\"ceilings\":{\"copy_GBps\":%.6g,\"bf16_gemm_TFLOPs\":%.6g,"
+            "\"timing_floor_us\":%.6g},\"ops\":[", dev, B.copy_GBps, B.gemm_TFLOPs, B.floor_s * 1e6);
     for (size_t i = 0; i < B.ops.size(); i++) {
         const op_rec &o = B.ops[i];
         fprintf(f, "%s\n {\"op\":\"%s\",\"name\":\"%s\",\"params\":%s,\"flops\":%.6g,\"bytes\":%.6g,\"median_s\":%.6g}",
@@ -1000,7 +1078,8 @@ extern "C" int v41g_bench_main(int argc, char **argv)
     if (!B.flush) return 2;
     auto want = [&](const char *k) { return !only || strstr(only, k); };
     ceilings(B);
-    printf("ceilings: copy %.1f GB/s, bf16 GEMM %.1f TFLOP/s\n", B.copy_GBps, B.gemm_TFLOPs);
+    printf("ceilings: copy %.1f GB/s, bf16 GEMM %.1f TFLOP/s, timing floor (one empty kernel) %.2f us\n",
+           B.copy_GBps, B.gemm_TFLOPs, B.floor_s * 1e6);
     if (want("small")) small(B, quick);
     if (want("attn")) attention(B, quick);
     if (want("indexer")) indexer(B, quick);

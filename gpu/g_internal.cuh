@@ -136,6 +136,70 @@ __device__ __forceinline__ void g_mma_bf16(float *c, uint32_t a0, uint32_t a1, u
 __device__ __forceinline__ float g_expf_ref(float x) { return (float)exp((double)x); }
 __device__ __forceinline__ float g_log1pf_ref(float x) { return (float)log1p((double)x); }
 
+// ref's sigmoid: 1 / (1 + expf(-x)) (v41_sigmoidf)
+__device__ __forceinline__ float g_sigmoid_ref(float x) { return __fdiv_rn(1.0f, __fadd_rn(1.0f, g_expf_ref(-x))); }
+
+// One token's mHC split + Sinkhorn (SPEC section 3; ref v41_hc_split_sinkhorn with rows_last = false),
+// operation for operation: pre = sigmoid(m*s0 + b) + eps, post = 2 sigmoid(m*s1 + b), then the comb
+// softmax per row (max by '>' from -inf, expf, sum in j order, c / sum + eps), one column
+// normalisation, then iters - 1 times (rows, columns) (with iters <= 0 the single column
+// normalisation, as in ref). Each sum runs sequentially in index order from +0 and every element is
+// divided by (sum + eps).
+// Called by the H*H lanes e = 0..H*H-1 of a shuffle segment of width H*H (all 32 lanes of the warp
+// call it: the shuffles use the full mask); lane e = i*H + j holds c[i][j], and every lane of row i
+// (column j) forms the row (column) sum itself from the shuffled entries in the same order, so every
+// entry sees the same bits as a sequential loop. m(i) returns the token's mix i (0 <= i < (2+H)H);
+// pre / post are written by lanes e < 2H (H = 1: the one lane does both); nothing is written by a
+// lane with live == false (it still takes part in the shuffles).
+template <int H, typename MF>
+__device__ __forceinline__ void g_sinkhorn_token(MF m, int e, bool live, int t, const float *__restrict__ sc,
+                                                 const float *__restrict__ base, int iters, float eps, float *pre,
+                                                 float *post, float *comb)
+{
+    constexpr int HH = H * H;
+    const int i = e / H, j = e % H;
+    const float s0 = sc[0], s1 = sc[1], s2 = sc[2];
+    for (int q = e; q < 2 * H; q += HH) {
+        if (q < H) {
+            const float v = __fadd_rn(g_sigmoid_ref(__fadd_rn(__fmul_rn(m(q), s0), base[q])), eps);
+            if (live) pre[(size_t)t * H + q] = v;
+        } else {
+            const int k = q - H;
+            const float v = __fmul_rn(2.0f, g_sigmoid_ref(__fadd_rn(__fmul_rn(m(H + k), s1), base[H + k])));
+            if (live) post[(size_t)t * H + k] = v;
+        }
+    }
+    float c = __fadd_rn(__fmul_rn(m(2 * H + e), s2), base[2 * H + e]);
+    // row softmax
+    float mx = -INFINITY;
+#pragma unroll
+    for (int jj = 0; jj < H; jj++) {
+        const float v = __shfl_sync(0xffffffffu, c, i * H + jj, HH);
+        mx = v > mx ? v : mx;
+    }
+    c = g_expf_ref(__fsub_rn(c, mx));
+    float sum = 0.0f;
+#pragma unroll
+    for (int jj = 0; jj < H; jj++) sum = __fadd_rn(sum, __shfl_sync(0xffffffffu, c, i * H + jj, HH));
+    c = __fadd_rn(__fdiv_rn(c, sum), eps);
+    // column normalisation, then iters - 1 times (rows, columns)
+    sum = 0.0f;
+#pragma unroll
+    for (int ii = 0; ii < H; ii++) sum = __fadd_rn(sum, __shfl_sync(0xffffffffu, c, ii * H + j, HH));
+    c = __fdiv_rn(c, __fadd_rn(sum, eps));
+    for (int it = 0; it < iters - 1; it++) {
+        sum = 0.0f;
+#pragma unroll
+        for (int jj = 0; jj < H; jj++) sum = __fadd_rn(sum, __shfl_sync(0xffffffffu, c, i * H + jj, HH));
+        c = __fdiv_rn(c, __fadd_rn(sum, eps));
+        sum = 0.0f;
+#pragma unroll
+        for (int ii = 0; ii < H; ii++) sum = __fadd_rn(sum, __shfl_sync(0xffffffffu, c, ii * H + j, HH));
+        c = __fdiv_rn(c, __fadd_rn(sum, eps));
+    }
+    if (live) comb[(size_t)t * HH + e] = c;
+}
+
 // Warp-wide sum by xor butterfly (float, or double where a statistic is summed in double).
 template <typename T> __device__ __forceinline__ T g_warp_sum(T v) {
     for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);

@@ -24,8 +24,6 @@
 
 #define DB_THREADS 256   // threads of the one-block-per-row kernels (multiple of 32)
 
-// ref's sigmoid: 1 / (1 + expf(-x)) (v41_sigmoidf)
-__device__ __forceinline__ float db_sigmoid(float x) { return __fdiv_rn(1.0f, __fadd_rn(1.0f, g_expf_ref(-x))); }
 
 // v41_rms_rsqrt from a double sum s of the fp32 squares of n elements:
 // 1 / sqrtf((float)(s / n) + eps).
@@ -101,16 +99,9 @@ extern "C" int v41g_rms_scale(const uint16_t *X, int T, int n, float eps, float 
 }
 
 // ------------------------------------------------------------------ sinkhorn
-// v41_hc_split_sinkhorn with rows_last = false, operation for operation: the comb softmax per row
-// (max by '>' from -inf, expf, sum in j order, c / sum + eps), one column normalisation, then
-// iters - 1 times (rows, columns) (with iters <= 0 the single column normalisation, as in ref).
-// Each sum runs sequentially in index order from +0 and every element is divided by (sum + eps).
-//
-// H * H lanes per token (a shuffle segment of width H * H), lane e = i * H + j holds c[i][j]; every
-// lane of row i (column j) forms the row (column) sum itself from the shuffled entries, in the same
-// order, so every entry sees the same bits as in a sequential loop. pre / post: lanes e < 2H (for
-// H = 1, the one lane does both). Lanes past T compute on row T - 1 and write nothing (all lanes
-// take part in the shuffles).
+// H * H lanes per token, the arithmetic of g_sinkhorn_token (g_internal.cuh: v41_hc_split_sinkhorn
+// operation for operation). Lanes past T compute on row T - 1 and write nothing (all lanes take
+// part in the shuffles).
 #define SK_THREADS 128
 template <int H>
 __global__ void __launch_bounds__(SK_THREADS) db_sinkhorn_kernel(const float *__restrict__ mixes,
@@ -120,50 +111,11 @@ __global__ void __launch_bounds__(SK_THREADS) db_sinkhorn_kernel(const float *__
 {
     constexpr int HH = H * H, NM = (2 + H) * H;
     const int gt = blockIdx.x * blockDim.x + threadIdx.x;
-    const int tk = gt / HH, e = gt % HH, i = e / H, j = e % H;
+    const int tk = gt / HH, e = gt % HH;
     const bool live = tk < T;
     const int t = live ? tk : T - 1;
     const float *m = mixes + (size_t)t * NM;
-    const float s0 = sc[0], s1 = sc[1], s2 = sc[2];
-    for (int q = e; q < 2 * H; q += HH) {
-        if (q < H) {
-            const float v = __fadd_rn(db_sigmoid(__fadd_rn(__fmul_rn(m[q], s0), base[q])), eps);
-            if (live) pre[(size_t)t * H + q] = v;
-        } else {
-            const int k = q - H;
-            const float v = __fmul_rn(2.0f, db_sigmoid(__fadd_rn(__fmul_rn(m[H + k], s1), base[H + k])));
-            if (live) post[(size_t)t * H + k] = v;
-        }
-    }
-    float c = __fadd_rn(__fmul_rn(m[2 * H + e], s2), base[2 * H + e]);
-    // row softmax
-    float mx = -INFINITY;
-#pragma unroll
-    for (int jj = 0; jj < H; jj++) {
-        const float v = __shfl_sync(0xffffffffu, c, i * H + jj, HH);
-        mx = v > mx ? v : mx;
-    }
-    c = g_expf_ref(__fsub_rn(c, mx));
-    float sum = 0.0f;
-#pragma unroll
-    for (int jj = 0; jj < H; jj++) sum = __fadd_rn(sum, __shfl_sync(0xffffffffu, c, i * H + jj, HH));
-    c = __fadd_rn(__fdiv_rn(c, sum), eps);
-    // column normalisation, then iters - 1 times (rows, columns)
-    sum = 0.0f;
-#pragma unroll
-    for (int ii = 0; ii < H; ii++) sum = __fadd_rn(sum, __shfl_sync(0xffffffffu, c, ii * H + j, HH));
-    c = __fdiv_rn(c, __fadd_rn(sum, eps));
-    for (int it = 0; it < iters - 1; it++) {
-        sum = 0.0f;
-#pragma unroll
-        for (int jj = 0; jj < H; jj++) sum = __fadd_rn(sum, __shfl_sync(0xffffffffu, c, i * H + jj, HH));
-        c = __fdiv_rn(c, __fadd_rn(sum, eps));
-        sum = 0.0f;
-#pragma unroll
-        for (int ii = 0; ii < H; ii++) sum = __fadd_rn(sum, __shfl_sync(0xffffffffu, c, ii * H + j, HH));
-        c = __fdiv_rn(c, __fadd_rn(sum, eps));
-    }
-    if (live) comb[(size_t)t * HH + e] = c;
+    g_sinkhorn_token<H>([&](int i) { return m[i]; }, e, live, t, sc, base, iters, eps, pre, post, comb);
 }
 
 extern "C" int v41g_sinkhorn(const float *mixes, const float *scale3, const float *base, int T, int h, int iters,
@@ -238,7 +190,7 @@ __global__ void __launch_bounds__(DB_THREADS) db_engram_kernel(const uint16_t *_
     const float dot = __fmul_rn(__fmul_rn((float)sd, rstd), isd);
     float a = fabsf(dot);
     if (a < 1e-6f) a = 1e-6f;
-    const float g = db_sigmoid(copysignf(sqrtf(a), dot));
+    const float g = g_sigmoid_ref(copysignf(sqrtf(a), dot));
     for (int i = threadIdx.x; i < D; i += blockDim.x)
         x[i] = g_f2bf(__fadd_rn(g_bf2f(x[i]), __fmul_rn(g, g_bf2f(val[i]))));
 }

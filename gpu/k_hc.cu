@@ -74,32 +74,34 @@ template <int H> struct hm_shape {
 // rows g and g+8 (A) and of fn row g of each n-tile (B); words 0,1 feed one m16n8k16 (as the
 // fragment's k pairs {2q, 2q+1} and {2q+8, 2q+9}), words 2,3 a second one. Over the 4 lanes of a
 // quad that covers the 32 k of the block once, for A and B alike.
-template <int H, int MT, int WM, int NST>
-__global__ void __launch_bounds__(WM * 32, 1)
+template <int H, int MT, int WM, int NST, int MINB, bool SQMMA, int KC = 64, bool COMPUTE = true>
+__global__ void __launch_bounds__(WM * 32, MINB)
     g_hc_mix_kernel(const uint16_t *__restrict__ X, const uint16_t *__restrict__ fn2, int T, int K, int nkb,
                     float *__restrict__ P)
 {
     using Sh = hm_shape<H>;
     constexpr int NM = Sh::NM, NT = Sh::NT, NF = Sh::NF, NPP = Sh::NPP;
-    constexpr int R = 16 * MT * WM, NTHR = 32 * WM, ROWS = R + NF, CH = ROWS * 8, STAGE = ROWS * 128;
+    constexpr int CPR = KC / 8, RB = KC * 2;   // 16-byte chunks and bytes of a stage row
+    constexpr int R = 16 * MT * WM, NTHR = 32 * WM, ROWS = R + NF, CH = ROWS * CPR, STAGE = ROWS * RB;
     extern __shared__ __align__(128) uint8_t hm_sm[];
     const int tid = threadIdx.x, lane = tid & 31, g = lane >> 2, q = lane & 3;
     const int wrow = (tid >> 5) * 16 * MT;   // the warp's first row in the tile
     const int row0 = blockIdx.x * R, S = gridDim.y, s = blockIdx.y;
     const int kb0 = (int)((long long)s * nkb / S), nb = (int)((long long)(s + 1) * nkb / S) - kb0;
     const uint32_t sbase = (uint32_t)__cvta_generic_to_shared(hm_sm);
+    asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");   // (a no-op without PDL)
 
     // Staging: thread tid copies chunk c = tid % 8 of stage rows r = tid/8 + u*NTHR/8 (NTHR/8 is
     // even: the swizzle c ^ ((r & 1) << 2) is the same for all u); sources precomputed at block 0.
     constexpr int NU = (CH + NTHR - 1) / NTHR;
-    static_assert(NTHR % 16 == 0, "row parity must not depend on u");
-    const int c8 = (tid & 7) * 8;
-    const uint32_t dst0 = sbase + (tid >> 3) * 128 + (((tid & 7) ^ (((tid >> 3) & 1) << 2)) << 4);
+    static_assert(NTHR % (2 * CPR) == 0, "row parity must not depend on u");
+    const int c8 = (tid % CPR) * 8;
+    const uint32_t dst0 = sbase + (tid / CPR) * RB + (((tid % CPR) ^ (((tid / CPR) & 1) << 2)) << 4);
     const uint16_t *src[NU];
     bool rok[NU];
 #pragma unroll
     for (int u = 0; u < NU; u++) {
-        const int r = (tid >> 3) + u * (NTHR / 8);
+        const int r = tid / CPR + u * (NTHR / CPR);
         if (r < R) {
             rok[u] = row0 + r < T;
             src[u] = X + (size_t)(rok[u] ? row0 + r : 0) * K + c8;
@@ -110,21 +112,24 @@ __global__ void __launch_bounds__(WM * 32, 1)
         }
     }
     auto load_stage = [&](int buf, int kb) {
-        const bool kok = kb * HM_KC + c8 < K;
+        const bool kok = kb * KC + c8 < K;
 #pragma unroll
         for (int u = 0; u < NU; u++)
-            if (CH % NTHR == 0 || (tid >> 3) + u * (NTHR / 8) < ROWS) {
+            if (CH % NTHR == 0 || tid / CPR + u * (NTHR / CPR) < ROWS) {
                 const bool ok = rok[u] && kok;   // else zero-fill (from a valid address, reading nothing)
-                g_cp_async16(dst0 + buf * STAGE + u * (NTHR / 8) * 128,
-                             ok ? (const void *)(src[u] + (size_t)kb * HM_KC) : (const void *)fn2, ok ? 16 : 0);
+                g_cp_async16(dst0 + buf * STAGE + u * (NTHR / CPR) * RB,
+                             ok ? (const void *)(src[u] + (size_t)kb * KC) : (const void *)fn2, ok ? 16 : 0);
             }
     };
 
     float acc[MT][2 * NT][4];   // [m-tile][hi n-tiles, then lo n-tiles][fragment]
-    float ss[MT][2];            // squares of rows g, g+8 of each m-tile
+    float ss[MT][2];            // squares of rows g, g+8 of each m-tile (CUDA-core path)
+    float sq[MT][2][4];         // X.X^T against rows 0-7 / 8-15 of each m-tile (tensor-core path)
 #pragma unroll
     for (int m = 0; m < MT; m++) {
         ss[m][0] = ss[m][1] = 0.0f;
+#pragma unroll
+        for (int n = 0; n < 2; n++) sq[m][n][0] = sq[m][n][1] = sq[m][n][2] = sq[m][n][3] = 0.0f;
 #pragma unroll
         for (int n = 0; n < 2 * NT; n++) acc[m][n][0] = acc[m][n][1] = acc[m][n][2] = acc[m][n][3] = 0.0f;
     }
@@ -134,24 +139,34 @@ __global__ void __launch_bounds__(WM * 32, 1)
     auto compute = [&](int buf) {
         const uint8_t *st = hm_sm + buf * STAGE;
 #pragma unroll
-        for (int j = 0; j < 2; j++) {
+        for (int j = 0; j < KC / 32; j++) {
             const int co = ((4 * j + q) ^ swz) << 4;
             uint4 b[2 * NT];
 #pragma unroll
-            for (int n = 0; n < 2 * NT; n++) b[n] = *(const uint4 *)(st + (R + n * 8 + g) * 128 + co);
+            for (int n = 0; n < 2 * NT; n++) b[n] = *(const uint4 *)(st + (R + n * 8 + g) * RB + co);
 #pragma unroll
             for (int m = 0; m < MT; m++) {
-                const uint4 a0 = *(const uint4 *)(st + (wrow + m * 16 + g) * 128 + co);
-                const uint4 a1 = *(const uint4 *)(st + (wrow + m * 16 + g + 8) * 128 + co);
-                const uint32_t w0[4] = {a0.x, a0.y, a0.z, a0.w}, w1[4] = {a1.x, a1.y, a1.z, a1.w};
+                const uint4 a0 = *(const uint4 *)(st + (wrow + m * 16 + g) * RB + co);
+                const uint4 a1 = *(const uint4 *)(st + (wrow + m * 16 + g + 8) * RB + co);
+                if (SQMMA) {
+                    // squares on the tensor cores: X_tile . X_tile^T against the tile's own rows
+                    // 0-7 (B = the a0 words) and 8-15 (B = the a1 words); the diagonal is the
+                    // row's sum of squares (see the epilogue)
+                    g_mma_bf16(sq[m][0], a0.x, a1.x, a0.y, a1.y, a0.x, a0.y);
+                    g_mma_bf16(sq[m][0], a0.z, a1.z, a0.w, a1.w, a0.z, a0.w);
+                    g_mma_bf16(sq[m][1], a0.x, a1.x, a0.y, a1.y, a1.x, a1.y);
+                    g_mma_bf16(sq[m][1], a0.z, a1.z, a0.w, a1.w, a1.z, a1.w);
+                } else {
+                    const uint32_t w0[4] = {a0.x, a0.y, a0.z, a0.w}, w1[4] = {a1.x, a1.y, a1.z, a1.w};
 #pragma unroll
-                for (int e = 0; e < 4; e++) {
-                    const float l0 = __uint_as_float(w0[e] << 16), h0 = __uint_as_float(w0[e] & 0xffff0000u);
-                    const float l1 = __uint_as_float(w1[e] << 16), h1 = __uint_as_float(w1[e] & 0xffff0000u);
-                    ss[m][0] = __fmaf_rn(l0, l0, ss[m][0]);
-                    ss[m][0] = __fmaf_rn(h0, h0, ss[m][0]);
-                    ss[m][1] = __fmaf_rn(l1, l1, ss[m][1]);
-                    ss[m][1] = __fmaf_rn(h1, h1, ss[m][1]);
+                    for (int e = 0; e < 4; e++) {
+                        const float l0 = __uint_as_float(w0[e] << 16), h0 = __uint_as_float(w0[e] & 0xffff0000u);
+                        const float l1 = __uint_as_float(w1[e] << 16), h1 = __uint_as_float(w1[e] & 0xffff0000u);
+                        ss[m][0] = __fmaf_rn(l0, l0, ss[m][0]);
+                        ss[m][0] = __fmaf_rn(h0, h0, ss[m][0]);
+                        ss[m][1] = __fmaf_rn(l1, l1, ss[m][1]);
+                        ss[m][1] = __fmaf_rn(h1, h1, ss[m][1]);
+                    }
                 }
 #pragma unroll
                 for (int n = 0; n < 2 * NT; n++) {
@@ -175,7 +190,7 @@ __global__ void __launch_bounds__(WM * 32, 1)
         __syncthreads();
         if (b + NST - 1 < nb) load_stage((b + NST - 1) % NST, kb0 + b + NST - 1);
         g_cp_commit();
-        if (live) compute(b % NST);
+        if (COMPUTE && live) compute(b % NST);
     }
     g_cp_wait<0>();
     if (!live) return;
@@ -186,9 +201,18 @@ __global__ void __launch_bounds__(WM * 32, 1)
     for (int m = 0; m < MT; m++) {
 #pragma unroll
         for (int hh = 0; hh < 2; hh++) {
-            float v = ss[m][hh];
-            v += __shfl_xor_sync(0xffffffffu, v, 1);
-            v += __shfl_xor_sync(0xffffffffu, v, 2);
+            float v;
+            if (SQMMA) {
+                // the diagonal: row g (hh = 0) is element (g, g) of the rows-0-7 product, fragment
+                // c[g & 1] of lane (g, q = g/2); row g+8 is element (g+8, 8+g) of the rows-8-15
+                // product, c[2 + (g & 1)] of the same lane
+                const float mine = (g & 1) ? sq[m][hh][2 * hh + 1] : sq[m][hh][2 * hh];
+                v = __shfl_sync(0xffffffffu, mine, (lane & ~3) | (g >> 1));
+            } else {
+                v = ss[m][hh];
+                v += __shfl_xor_sync(0xffffffffu, v, 1);
+                v += __shfl_xor_sync(0xffffffffu, v, 2);
+            }
             const int row = row0 + wrow + m * 16 + g + hh * 8;
             if (row >= T) continue;
             float *pr = P + ((size_t)s * T + row) * NPP;
@@ -241,19 +265,106 @@ __global__ void __launch_bounds__(128) g_hc_sum_kernel(const float *__restrict__
         if (lane == i) mix[(size_t)t * NM + i] = a[i] * r;
 }
 
+// g_hc_sum_kernel and the split + Sinkhorn of v41g_sinkhorn in one launch: the token's warp sums its
+// partials as above (every lane holds every sum after the butterfly), then its lanes e = lane % (h h)
+// run g_sinkhorn_token on the mixes a[i] * r (the bits v41g_sinkhorn reads back from mix), lanes
+// below h h writing. Saves the scaled mixes' round trip and a launch.
+template <int H>
+__global__ void __launch_bounds__(128) g_hc_sum_sinkhorn_kernel(const float *__restrict__ P, int S, int T, int n,
+                                                                float norm_eps, const float *__restrict__ sc,
+                                                                const float *__restrict__ base, int iters, float eps,
+                                                                float *pre, float *post, float *comb)
+{
+    using Sh = hm_shape<H>;
+    constexpr int NM = Sh::NM, NPP = Sh::NPP, HH = H * H;
+    const int t = blockIdx.x * 4 + (threadIdx.x >> 5), lane = threadIdx.x & 31;
+    if (t >= T) return;   // warp-uniform
+    float a[NPP];
+#pragma unroll
+    for (int i = 0; i < NPP; i++) a[i] = 0.0f;
+#pragma unroll 2
+    for (int s = lane; s < S; s += 32) {
+        const float4 *p = (const float4 *)(P + ((size_t)s * T + t) * NPP);
+#pragma unroll
+        for (int v = 0; v < NPP / 4; v++) {
+            const float4 x = __ldg(p + v);
+            a[4 * v] += x.x;
+            a[4 * v + 1] += x.y;
+            a[4 * v + 2] += x.z;
+            a[4 * v + 3] += x.w;
+        }
+    }
+#pragma unroll
+    for (int i = 0; i <= NM; i++) a[i] = g_warp_sum(a[i]);
+    const float r = 1.0f / sqrtf(a[NM] / (float)n + norm_eps);
+    auto mix = [&](int i) {   // a[i] * r for a lane-dependent i, without indexing the register array
+        float v = 0.0f;
+#pragma unroll
+        for (int k = 0; k < NM; k++) v = k == i ? a[k] : v;
+        return v * r;
+    };
+    g_sinkhorn_token<H>(mix, lane % HH, lane < HH, t, sc, base, iters, eps, pre, post, comb);
+}
+
+// The same with the tokens packed: a warp holds 32 / (h h) tokens, h h lanes each (the Sinkhorn's
+// shuffle segment); the token's lanes sum its S partials (lane e adds rows s = e, e + h h, ... in
+// order) and close with an xor butterfly inside the segment. Launched with programmatic stream
+// serialisation when PDL is set: the wait below holds it until the mixes kernel has finished.
+template <int H>
+__global__ void __launch_bounds__(128) g_hc_fin_kernel(const float *__restrict__ P, int S, int T, int n,
+                                                       float norm_eps, const float *__restrict__ sc,
+                                                       const float *__restrict__ base, int iters, float eps,
+                                                       float *pre, float *post, float *comb)
+{
+    using Sh = hm_shape<H>;
+    constexpr int NM = Sh::NM, NPP = Sh::NPP, HH = H * H, TPW = 32 / HH;
+    asm volatile("griddepcontrol.wait;\n" ::: "memory");
+    const int w = blockIdx.x * 4 + (threadIdx.x >> 5), lane = threadIdx.x & 31, e = lane % HH;
+    if (w * TPW >= T) return;   // warp-uniform
+    const int tk = w * TPW + lane / HH;
+    const bool live = tk < T;
+    const int t = live ? tk : T - 1;
+    float a[NPP];
+#pragma unroll
+    for (int i = 0; i < NPP; i++) a[i] = 0.0f;
+    for (int s = e; s < S; s += HH) {
+        const float4 *p = (const float4 *)(P + ((size_t)s * T + t) * NPP);
+#pragma unroll
+        for (int v = 0; v < NPP / 4; v++) {
+            const float4 x = __ldg(p + v);
+            a[4 * v] += x.x;
+            a[4 * v + 1] += x.y;
+            a[4 * v + 2] += x.z;
+            a[4 * v + 3] += x.w;
+        }
+    }
+#pragma unroll
+    for (int i = 0; i <= NM; i++)
+#pragma unroll
+        for (int o = HH / 2; o > 0; o >>= 1) a[i] += __shfl_xor_sync(0xffffffffu, a[i], o);
+    const float r = 1.0f / sqrtf(a[NM] / (float)n + norm_eps);
+    auto mix = [&](int i) {   // a[i] * r for a lane-dependent i, without indexing the register array
+        float v = 0.0f;
+#pragma unroll
+        for (int k = 0; k < NM; k++) v = k == i ? a[k] : v;
+        return v * r;
+    };
+    g_sinkhorn_token<H>(mix, e, live, t, sc, base, iters, eps, pre, post, comb);
+}
+
 // Tile shapes: prefill-sized T: 256 rows a CTA (8 warps x 2 m-tiles), 4 stages of 38 KiB (h = 4),
 // one CTA per SM, 114 KiB of X and fn in flight per SM; fn is read from L2 once per 256 rows (at
 // T = 4096: 16 x 1.97 MB = 19% on top of X). Small T: 64 rows a CTA (4 warps x 1 m-tile), 6 stages
 // of 14 KiB (a CTA's whole slice is usually in flight at once), two or more CTAs per SM.
 #define HM_BIG_T 512
-template <int H, int MT, int WM, int NST>
+template <int H, int MT, int WM, int NST, int MINB, bool SQMMA, int KC = 64, bool COMPUTE = true>
 static int hm_run(const uint16_t *X, const uint16_t *fn2, const float *base, const float *scale3, int T, int n,
                   float norm_eps, float hc_eps, int iters, float *pre, float *post, float *comb, cudaStream_t st)
 {
     using Sh = hm_shape<H>;
     constexpr int R = 16 * MT * WM, NTHR = 32 * WM;
-    const size_t smem = (size_t)NST * (R + Sh::NF) * 128;
-    auto kern = g_hc_mix_kernel<H, MT, WM, NST>;
+    const size_t smem = (size_t)NST * (R + Sh::NF) * KC * 2;
+    auto kern = g_hc_mix_kernel<H, MT, WM, NST, MINB, SQMMA, KC, COMPUTE>;
     G_CHECK(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
     const int nsm = g_num_sms();
     int cps = 1;
@@ -265,7 +376,7 @@ static int hm_run(const uint16_t *X, const uint16_t *fn2, const float *base, con
     // K split S: the fewest sequential block steps per CTA slot (waves x (blocks + 2); the 2 stand
     // for a CTA's pipeline fill and partial write), the fewest splits on ties (each split adds
     // T x NPP floats of partials and work for the sum kernel).
-    const int tiles = (T + R - 1) / R, nkb = (n + HM_KC - 1) / HM_KC;
+    const int tiles = (T + R - 1) / R, nkb = (n + KC - 1) / KC;
     const long slots = (long)nsm * cps;
     int S = 1;
     long best = -1;
@@ -274,17 +385,52 @@ static int hm_run(const uint16_t *X, const uint16_t *fn2, const float *base, con
         if (best < 0 || cost < best) { best = cost; S = sp; }
     }
     float *P = NULL;
-    G_CHECK(g_tmp_alloc((void **)&P, sizeof(float) * ((size_t)S * T * Sh::NPP + (size_t)T * Sh::NM), st));
+    const size_t pbytes = sizeof(float) * ((size_t)S * T * Sh::NPP + (size_t)T * Sh::NM);
+    static const int stat = getenv("V41_HM_STATIC") ? 1 : 0;   // EXPERIMENT
+    static float *sP = NULL;
+    static size_t sPn = 0;
+    if (stat) {
+        cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
+        cudaStreamIsCapturing(st, &cs);
+        if (sPn < pbytes && cs == cudaStreamCaptureStatusNone) {
+            cudaDeviceSynchronize();
+            cudaFree(sP);
+            sP = NULL; sPn = 0;
+            if (cudaMalloc((void **)&sP, pbytes) == cudaSuccess) sPn = pbytes;
+        }
+    }
+    const bool use_static = stat && sPn >= pbytes;
+    if (use_static) P = sP;
+    else G_CHECK(g_tmp_alloc((void **)&P, pbytes, st));
     float *mix = P + (size_t)S * T * Sh::NPP;   /* [T, NM] scaled mixes */
     kern<<<dim3((unsigned)tiles, (unsigned)S), NTHR, smem, st>>>(X, fn2, T, n, nkb, P);
     cudaError_t e = cudaGetLastError();
-    if (e == cudaSuccess) {
+    static const int fused = getenv("V41_HM_SEPARATE") ? 0 : getenv("V41_HM_FIN") ? 2 : 1;   // EXPERIMENT (session 10)
+    static const int pdl = getenv("V41_HM_PDL") ? 1 : 0;
+    if (e == cudaSuccess && fused == 2) {
+        cudaLaunchConfig_t cfg = {};
+        constexpr int TPW = 32 / (H * H);
+        cfg.gridDim = dim3((unsigned)((T + 4 * TPW - 1) / (4 * TPW)));
+        cfg.blockDim = dim3(128);
+        cfg.stream = st;
+        cudaLaunchAttribute at[1];
+        at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+        at[0].val.programmaticStreamSerializationAllowed = 1;
+        cfg.attrs = at;
+        cfg.numAttrs = pdl ? 1 : 0;
+        e = cudaLaunchKernelEx(&cfg, g_hc_fin_kernel<H>, (const float *)P, S, T, n, norm_eps, scale3, base, iters,
+                               hc_eps, pre, post, comb);
+    } else if (e == cudaSuccess && fused) {
+        g_hc_sum_sinkhorn_kernel<H><<<(unsigned)((T + 3) / 4), 128, 0, st>>>(P, S, T, n, norm_eps, scale3, base,
+                                                                            iters, hc_eps, pre, post, comb);
+        e = cudaGetLastError();
+    } else if (e == cudaSuccess) {
         g_hc_sum_kernel<H><<<(unsigned)((T + 3) / 4), 128, 0, st>>>(P, S, T, n, norm_eps, mix);
         e = cudaGetLastError();
+        if (e == cudaSuccess)
+            e = (cudaError_t)v41g_sinkhorn(mix, scale3, base, T, H, iters, hc_eps, pre, post, comb, st);
     }
-    if (e == cudaSuccess)
-        e = (cudaError_t)v41g_sinkhorn(mix, scale3, base, T, H, iters, hc_eps, pre, post, comb, st);
-    cudaError_t f = cudaFreeAsync(P, st);   // freed on the error path too
+    cudaError_t f = use_static ? cudaSuccess : cudaFreeAsync(P, st);   // freed on the error path too
     G_CHECK(e);
     G_CHECK(f);
     return 0;
@@ -295,9 +441,14 @@ static int hm_dispatch(const uint16_t *X, const uint16_t *fn2, const float *base
                        int n, float norm_eps, float hc_eps, int iters, float *pre, float *post, float *comb,
                        cudaStream_t st)
 {
-    if (T >= HM_BIG_T)
-        return hm_run<H, 2, 8, 4>(X, fn2, base, scale3, T, n, norm_eps, hc_eps, iters, pre, post, comb, st);
-    return hm_run<H, 1, 4, 6>(X, fn2, base, scale3, T, n, norm_eps, hc_eps, iters, pre, post, comb, st);
+    static const int var = getenv("V41_HM_VARIANT") ? atoi(getenv("V41_HM_VARIANT")) : 0;   // EXPERIMENT
+    if (T >= HM_BIG_T) {
+        if (var == 100)   // the kernel of sessions 5-9
+            return hm_run<H, 2, 8, 4, 1, false>(X, fn2, base, scale3, T, n, norm_eps, hc_eps, iters, pre, post, comb, st);
+        return hm_run<H, 1, 8, 4, 1, true, 128>(X, fn2, base, scale3, T, n, norm_eps, hc_eps, iters, pre, post, comb, st);
+    }
+    if (var == 100) return hm_run<H, 1, 4, 6, 1, false>(X, fn2, base, scale3, T, n, norm_eps, hc_eps, iters, pre, post, comb, st);
+    return hm_run<H, 1, 4, 6, 1, true>(X, fn2, base, scale3, T, n, norm_eps, hc_eps, iters, pre, post, comb, st);
 }
 
 // X and fn2 16-byte aligned and h*D % 8 == 0 (16-byte rows; v41_gpu.h promises h*D % 256 == 0).
