@@ -8,27 +8,29 @@
 // v41g_hc_mixes2 reads X once: g_hc_mix_kernel streams a tile of rows x a slice of K through
 // shared memory (cp.async, several stages in flight), stages the matching hi/lo chunk of fn with
 // it, and per 32 columns of K issues mma.sync m16n8k16 for every row m-tile against the hi and lo
-// n-tiles, while summing the row's squares from the same registers (the RMS statistic). The
-// slices' partial sums go to a scratch [S][T][NPP] array; g_hc_sum_kernel, one warp per token,
-// adds the S partials in a fixed order and scales the mixes by r; v41g_sinkhorn (k_dev_b.cu, the
-// device step's kernel) then computes pre, post and comb with h x h lanes per token. Every stage
-// has a fixed reduction shape, so the results are the same bits at every run.
+// n-tiles, and against the tile's own rows (the diagonal of X.X^T: each row's sum of squares, the
+// RMS statistic). The slices' partial sums go to a scratch [S][T][NPP] array; g_hc_fin_kernel adds
+// a token's S partials in a fixed order, scales the mixes by r and computes pre, post and comb
+// (g_sinkhorn_token, the arithmetic of v41g_sinkhorn, the device step's kernel in k_dev_b.cu).
+// Every stage has a fixed reduction shape, so the results are the same bits at every run.
 //
 // Why tensor cores: at T = 4096, hD = 20480, NM = 24 the dots are 2.0e9 multiply-adds; as fp32
 // FMAs on the CUDA cores (132 SMs x 128 lanes x 1.98 GHz) that is >= 60 us, more than the ~40 us
 // of reading X (168 MB) once. As mma.sync on the hi and lo parts it is 2.0e6 instructions
-// (~15 us of tensor issue), hidden under the stream of X.
+// (~15 us of tensor issue), hidden under the stream of X. The squares were 32 FMAs and bit
+// operations per 32 columns and m-tile on the CUDA cores; as 4 more MMAs they cost no issue slots
+// to speak of.
 //
 // Numerics (unchanged in kind from the former cuBLAS GEMM of X against [hi; lo]): every product
 // x*hi, x*lo is exact in fp32 and is summed in fp32; only the summation order differs. Each
 // accumulator chains n/(16 S) tensor-core steps (16 products each), then hi + lo, then the S
-// slices (S/32 sequential adds and a 5-level butterfly), so a dot's rounding error is about
-// (n/(16 S) + S/32 + 6) * 2^-24 * sum|x*fn| (+ 2^-16 sum|x*fn| from the split, as before): less
+// slices (S/LPT sequential adds and a log2(LPT)-level butterfly), so a dot's rounding error is
+// about (n/(16 S) + S + 6) * 2^-24 * sum|x*fn| (+ 2^-16 sum|x*fn| from the split, as before): less
 // than the bound of a sequential fp32 sum over the n terms (the CPU reference's, depth n - 1), so
 // the existing tolerances, derived for "the same fp32 dot in another order", still hold. The sum
-// of squares stays fp32, the precision of the former RMS pass (g_hc_rms_kernel): squares of bf16
-// are exact in fp32; each thread sums n/(4 S) of them, then a 4-lane butterfly and the S slices
-// (the former pass: n/32 per lane and a 32-lane butterfly), and r = 1/sqrtf(ss/n + eps) as before.
+// of squares is the same kind of sum (squares of bf16 are exact in fp32, fp32 accumulation in the
+// same tensor-core steps and slices), so r = 1/sqrtf(ss/n + eps) keeps the precision of the former
+// RMS pass (fp32 sums, n/32 per lane and a butterfly).
 #include "g_internal.cuh"
 #include "v41_gpu_dev.h"
 
@@ -60,22 +62,21 @@ template <int H> struct hm_shape {
     static constexpr int NF = 2 * NT * 8;
     static constexpr int NPP = (NM + 1 + 3) / 4 * 4;
 };
-#define HM_KC 64   // K elements per pipeline stage: a 128-byte line of each row
-
 // CTA: WM warps, each owning MT m-tiles (16 rows each) of the R = 16*MT*WM rows from blockIdx.x*R;
-// blockIdx.y = s takes 64-element blocks [s*nkb/S, (s+1)*nkb/S) of K (nkb = ceil(K/64); the tail
+// blockIdx.y = s takes KC-element blocks [s*nkb/S, (s+1)*nkb/S) of K (nkb = ceil(K/KC); the tail
 // block and rows >= T are zero-filled by cp.async, so they add exact zeros). NST stages of
-// (R + NF) rows x 128 bytes; the 16-byte chunk c of stage row r sits at chunk c ^ ((r & 1) << 2),
-// which makes both the cp.async writes (8 lanes: the 8 chunks of one row) and the fragment reads
-// (8 lanes: chunks q, q+4j of rows g, g+1) conflict-free.
+// (R + NF) rows x 2 KC bytes; the 16-byte chunk c of stage row r sits at chunk c ^ ((r & 1) << 2),
+// which makes both the cp.async writes (8 lanes: 8 consecutive chunks of one row) and the fragment
+// reads (8 lanes: chunks 4j+q of rows g, g+1: the two rows land in different 64-byte halves of the
+// 128-byte bank window) conflict-free.
 //
 // Fragments without ldmatrix: the order of the k terms inside one dot is free as long as A and B
 // use the same one. Lane (g = lane/4, q = lane%4) reads the 16 bytes at k = 32j + 8q .. 8q+7 of its
 // rows g and g+8 (A) and of fn row g of each n-tile (B); words 0,1 feed one m16n8k16 (as the
 // fragment's k pairs {2q, 2q+1} and {2q+8, 2q+9}), words 2,3 a second one. Over the 4 lanes of a
 // quad that covers the 32 k of the block once, for A and B alike.
-template <int H, int MT, int WM, int NST, int MINB, bool SQMMA, int KC = 64, bool COMPUTE = true>
-__global__ void __launch_bounds__(WM * 32, MINB)
+template <int H, int MT, int WM, int NST, int KC>
+__global__ void __launch_bounds__(WM * 32, 1)
     g_hc_mix_kernel(const uint16_t *__restrict__ X, const uint16_t *__restrict__ fn2, int T, int K, int nkb,
                     float *__restrict__ P)
 {
@@ -89,7 +90,6 @@ __global__ void __launch_bounds__(WM * 32, MINB)
     const int row0 = blockIdx.x * R, S = gridDim.y, s = blockIdx.y;
     const int kb0 = (int)((long long)s * nkb / S), nb = (int)((long long)(s + 1) * nkb / S) - kb0;
     const uint32_t sbase = (uint32_t)__cvta_generic_to_shared(hm_sm);
-    asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");   // (a no-op without PDL)
 
     // Staging: thread tid copies chunk c = tid % 8 of stage rows r = tid/8 + u*NTHR/8 (NTHR/8 is
     // even: the swizzle c ^ ((r & 1) << 2) is the same for all u); sources precomputed at block 0.
@@ -123,11 +123,9 @@ __global__ void __launch_bounds__(WM * 32, MINB)
     };
 
     float acc[MT][2 * NT][4];   // [m-tile][hi n-tiles, then lo n-tiles][fragment]
-    float ss[MT][2];            // squares of rows g, g+8 of each m-tile (CUDA-core path)
-    float sq[MT][2][4];         // X.X^T against rows 0-7 / 8-15 of each m-tile (tensor-core path)
+    float sq[MT][2][4];         // [m-tile][X.X^T against the tile's rows 0-7, rows 8-15][fragment]
 #pragma unroll
     for (int m = 0; m < MT; m++) {
-        ss[m][0] = ss[m][1] = 0.0f;
 #pragma unroll
         for (int n = 0; n < 2; n++) sq[m][n][0] = sq[m][n][1] = sq[m][n][2] = sq[m][n][3] = 0.0f;
 #pragma unroll
@@ -148,26 +146,13 @@ __global__ void __launch_bounds__(WM * 32, MINB)
             for (int m = 0; m < MT; m++) {
                 const uint4 a0 = *(const uint4 *)(st + (wrow + m * 16 + g) * RB + co);
                 const uint4 a1 = *(const uint4 *)(st + (wrow + m * 16 + g + 8) * RB + co);
-                if (SQMMA) {
-                    // squares on the tensor cores: X_tile . X_tile^T against the tile's own rows
-                    // 0-7 (B = the a0 words) and 8-15 (B = the a1 words); the diagonal is the
-                    // row's sum of squares (see the epilogue)
-                    g_mma_bf16(sq[m][0], a0.x, a1.x, a0.y, a1.y, a0.x, a0.y);
-                    g_mma_bf16(sq[m][0], a0.z, a1.z, a0.w, a1.w, a0.z, a0.w);
-                    g_mma_bf16(sq[m][1], a0.x, a1.x, a0.y, a1.y, a1.x, a1.y);
-                    g_mma_bf16(sq[m][1], a0.z, a1.z, a0.w, a1.w, a1.z, a1.w);
-                } else {
-                    const uint32_t w0[4] = {a0.x, a0.y, a0.z, a0.w}, w1[4] = {a1.x, a1.y, a1.z, a1.w};
-#pragma unroll
-                    for (int e = 0; e < 4; e++) {
-                        const float l0 = __uint_as_float(w0[e] << 16), h0 = __uint_as_float(w0[e] & 0xffff0000u);
-                        const float l1 = __uint_as_float(w1[e] << 16), h1 = __uint_as_float(w1[e] & 0xffff0000u);
-                        ss[m][0] = __fmaf_rn(l0, l0, ss[m][0]);
-                        ss[m][0] = __fmaf_rn(h0, h0, ss[m][0]);
-                        ss[m][1] = __fmaf_rn(l1, l1, ss[m][1]);
-                        ss[m][1] = __fmaf_rn(h1, h1, ss[m][1]);
-                    }
-                }
+                // the squares on the tensor cores: the tile's rows against its own rows 0-7 (B =
+                // the a0 words) and 8-15 (B = the a1 words); the diagonal of X.X^T is each row's
+                // sum of squares (read out in the epilogue)
+                g_mma_bf16(sq[m][0], a0.x, a1.x, a0.y, a1.y, a0.x, a0.y);
+                g_mma_bf16(sq[m][0], a0.z, a1.z, a0.w, a1.w, a0.z, a0.w);
+                g_mma_bf16(sq[m][1], a0.x, a1.x, a0.y, a1.y, a1.x, a1.y);
+                g_mma_bf16(sq[m][1], a0.z, a1.z, a0.w, a1.w, a1.z, a1.w);
 #pragma unroll
                 for (int n = 0; n < 2 * NT; n++) {
                     g_mma_bf16(acc[m][n], a0.x, a1.x, a0.y, a1.y, b[n].x, b[n].y);
@@ -190,29 +175,22 @@ __global__ void __launch_bounds__(WM * 32, MINB)
         __syncthreads();
         if (b + NST - 1 < nb) load_stage((b + NST - 1) % NST, kb0 + b + NST - 1);
         g_cp_commit();
-        if (COMPUTE && live) compute(b % NST);
+        if (live) compute(b % NST);
     }
     g_cp_wait<0>();
     if (!live) return;
 
-    // partial row of this slice: dots (hi + lo) of cols n*8 + 2q, +1 for rows g / g+8; squares
-    // summed over the quad (fixed butterfly), stored by lane q == 0; pads zeroed by q >= 1
+    // partial row of this slice: dots (hi + lo) of cols n*8 + 2q, +1 for rows g / g+8; the sum of
+    // squares stored by lane q == 0; pads zeroed by q >= 1
 #pragma unroll
     for (int m = 0; m < MT; m++) {
 #pragma unroll
         for (int hh = 0; hh < 2; hh++) {
-            float v;
-            if (SQMMA) {
-                // the diagonal: row g (hh = 0) is element (g, g) of the rows-0-7 product, fragment
-                // c[g & 1] of lane (g, q = g/2); row g+8 is element (g+8, 8+g) of the rows-8-15
-                // product, c[2 + (g & 1)] of the same lane
-                const float mine = (g & 1) ? sq[m][hh][2 * hh + 1] : sq[m][hh][2 * hh];
-                v = __shfl_sync(0xffffffffu, mine, (lane & ~3) | (g >> 1));
-            } else {
-                v = ss[m][hh];
-                v += __shfl_xor_sync(0xffffffffu, v, 1);
-                v += __shfl_xor_sync(0xffffffffu, v, 2);
-            }
+            // the diagonal: row g (hh = 0) is element (g, g) of the rows-0-7 product, fragment
+            // c[g & 1] of lane (g, q = g/2); row g+8 is element (g+8, 8+g) of the rows-8-15
+            // product, c[2 + (g & 1)] of the same lane
+            const float mine = (g & 1) ? sq[m][hh][2 * hh + 1] : sq[m][hh][2 * hh];
+            const float v = __shfl_sync(0xffffffffu, mine, (lane & ~3) | (g >> 1));
             const int row = row0 + wrow + m * 16 + g + hh * 8;
             if (row >= T) continue;
             float *pr = P + ((size_t)s * T + row) * NPP;
@@ -229,105 +207,33 @@ __global__ void __launch_bounds__(WM * 32, MINB)
     }
 }
 
-// One warp per token: sums the S partial rows (lane L adds rows s = L, L+32, ... in order, then
-// the xor butterfly: a fixed shape), then r = 1/sqrtf(ss/n + eps) and the scaled mixes m = dot * r
-// (lane i < NM writes m[i]). pre/post/comb follow from v41g_sinkhorn (gpu/k_dev_b.cu: h x h lanes
-// per token, the arithmetic of v41_hc_split_sinkhorn); a lane-0 Sinkhorn here would serialise the
-// 20 iterations' divisions of a token on one thread (~30 us at any T).
-template <int H>
-__global__ void __launch_bounds__(128) g_hc_sum_kernel(const float *__restrict__ P, int S, int T, int n,
-                                                       float norm_eps, float *__restrict__ mix)
-{
-    using Sh = hm_shape<H>;
-    constexpr int NM = Sh::NM, NPP = Sh::NPP;
-    const int t = blockIdx.x * 4 + (threadIdx.x >> 5), lane = threadIdx.x & 31;
-    if (t >= T) return;
-    float a[NPP];
-#pragma unroll
-    for (int i = 0; i < NPP; i++) a[i] = 0.0f;
-#pragma unroll 2
-    for (int s = lane; s < S; s += 32) {
-        const float4 *p = (const float4 *)(P + ((size_t)s * T + t) * NPP);
-#pragma unroll
-        for (int v = 0; v < NPP / 4; v++) {
-            const float4 x = __ldg(p + v);
-            a[4 * v] += x.x;
-            a[4 * v + 1] += x.y;
-            a[4 * v + 2] += x.z;
-            a[4 * v + 3] += x.w;
-        }
-    }
-#pragma unroll
-    for (int i = 0; i <= NM; i++) a[i] = g_warp_sum(a[i]);
-    const float r = 1.0f / sqrtf(a[NM] / (float)n + norm_eps);
-#pragma unroll
-    for (int i = 0; i < NM; i++)
-        if (lane == i) mix[(size_t)t * NM + i] = a[i] * r;
-}
-
-// g_hc_sum_kernel and the split + Sinkhorn of v41g_sinkhorn in one launch: the token's warp sums its
-// partials as above (every lane holds every sum after the butterfly), then its lanes e = lane % (h h)
-// run g_sinkhorn_token on the mixes a[i] * r (the bits v41g_sinkhorn reads back from mix), lanes
-// below h h writing. Saves the scaled mixes' round trip and a launch.
-template <int H>
-__global__ void __launch_bounds__(128) g_hc_sum_sinkhorn_kernel(const float *__restrict__ P, int S, int T, int n,
-                                                                float norm_eps, const float *__restrict__ sc,
-                                                                const float *__restrict__ base, int iters, float eps,
-                                                                float *pre, float *post, float *comb)
-{
-    using Sh = hm_shape<H>;
-    constexpr int NM = Sh::NM, NPP = Sh::NPP, HH = H * H;
-    const int t = blockIdx.x * 4 + (threadIdx.x >> 5), lane = threadIdx.x & 31;
-    if (t >= T) return;   // warp-uniform
-    float a[NPP];
-#pragma unroll
-    for (int i = 0; i < NPP; i++) a[i] = 0.0f;
-#pragma unroll 2
-    for (int s = lane; s < S; s += 32) {
-        const float4 *p = (const float4 *)(P + ((size_t)s * T + t) * NPP);
-#pragma unroll
-        for (int v = 0; v < NPP / 4; v++) {
-            const float4 x = __ldg(p + v);
-            a[4 * v] += x.x;
-            a[4 * v + 1] += x.y;
-            a[4 * v + 2] += x.z;
-            a[4 * v + 3] += x.w;
-        }
-    }
-#pragma unroll
-    for (int i = 0; i <= NM; i++) a[i] = g_warp_sum(a[i]);
-    const float r = 1.0f / sqrtf(a[NM] / (float)n + norm_eps);
-    auto mix = [&](int i) {   // a[i] * r for a lane-dependent i, without indexing the register array
-        float v = 0.0f;
-#pragma unroll
-        for (int k = 0; k < NM; k++) v = k == i ? a[k] : v;
-        return v * r;
-    };
-    g_sinkhorn_token<H>(mix, lane % HH, lane < HH, t, sc, base, iters, eps, pre, post, comb);
-}
-
-// The same with the tokens packed: a warp holds 32 / (h h) tokens, h h lanes each (the Sinkhorn's
-// shuffle segment); the token's lanes sum its S partials (lane e adds rows s = e, e + h h, ... in
-// order) and close with an xor butterfly inside the segment. Launched with programmatic stream
-// serialisation when PDL is set: the wait below holds it until the mixes kernel has finished.
-template <int H>
+// The tail, one launch: each token's partial rows are summed (lanes s0 = lane % LPT add rows s = s0,
+// s0 + LPT, ... in order, then an xor butterfly over the token's LPT lanes: a fixed shape), giving
+// the RMS factor r = 1/sqrtf(ss/n + eps) and the mixes a[i] * r; then lanes e = lane % (h h) run
+// g_sinkhorn_token (g_internal.cuh: the split and Sinkhorn of v41g_sinkhorn, operation for
+// operation) on them. LPT = 32: one token a warp (the S partials of a small T, where S is large,
+// spread over 32 lanes; lanes from h h on only take part in the shuffles). LPT = h h: 32 / (h h)
+// tokens a warp, every lane busy in the 20 Sinkhorn iterations (at T = 4096, h = 4: 7.7 against
+// 11.6 us for one token a warp; at T = 64 the other way round, 19.5 against 17.3 us for the call).
+template <int H, int LPT>
 __global__ void __launch_bounds__(128) g_hc_fin_kernel(const float *__restrict__ P, int S, int T, int n,
                                                        float norm_eps, const float *__restrict__ sc,
                                                        const float *__restrict__ base, int iters, float eps,
                                                        float *pre, float *post, float *comb)
 {
     using Sh = hm_shape<H>;
-    constexpr int NM = Sh::NM, NPP = Sh::NPP, HH = H * H, TPW = 32 / HH;
-    asm volatile("griddepcontrol.wait;\n" ::: "memory");
-    const int w = blockIdx.x * 4 + (threadIdx.x >> 5), lane = threadIdx.x & 31, e = lane % HH;
+    constexpr int NM = Sh::NM, NPP = Sh::NPP, HH = H * H, TPW = 32 / LPT;
+    static_assert(LPT == 32 || LPT == HH, "one token a warp, or one per h x h lanes");
+    const int w = blockIdx.x * 4 + (threadIdx.x >> 5), lane = threadIdx.x & 31, l = lane % LPT;
     if (w * TPW >= T) return;   // warp-uniform
-    const int tk = w * TPW + lane / HH;
+    const int tk = w * TPW + lane / LPT;
     const bool live = tk < T;
     const int t = live ? tk : T - 1;
     float a[NPP];
 #pragma unroll
     for (int i = 0; i < NPP; i++) a[i] = 0.0f;
-    for (int s = e; s < S; s += HH) {
+#pragma unroll(LPT == 32 ? 2 : 4)
+    for (int s = l; s < S; s += LPT) {
         const float4 *p = (const float4 *)(P + ((size_t)s * T + t) * NPP);
 #pragma unroll
         for (int v = 0; v < NPP / 4; v++) {
@@ -341,7 +247,7 @@ __global__ void __launch_bounds__(128) g_hc_fin_kernel(const float *__restrict__
 #pragma unroll
     for (int i = 0; i <= NM; i++)
 #pragma unroll
-        for (int o = HH / 2; o > 0; o >>= 1) a[i] += __shfl_xor_sync(0xffffffffu, a[i], o);
+        for (int o = LPT / 2; o > 0; o >>= 1) a[i] += __shfl_xor_sync(0xffffffffu, a[i], o);
     const float r = 1.0f / sqrtf(a[NM] / (float)n + norm_eps);
     auto mix = [&](int i) {   // a[i] * r for a lane-dependent i, without indexing the register array
         float v = 0.0f;
@@ -349,22 +255,26 @@ __global__ void __launch_bounds__(128) g_hc_fin_kernel(const float *__restrict__
         for (int k = 0; k < NM; k++) v = k == i ? a[k] : v;
         return v * r;
     };
-    g_sinkhorn_token<H>(mix, e, live, t, sc, base, iters, eps, pre, post, comb);
+    g_sinkhorn_token<H>(mix, lane % HH, live && l < HH, t, sc, base, iters, eps, pre, post, comb);
 }
 
-// Tile shapes: prefill-sized T: 256 rows a CTA (8 warps x 2 m-tiles), 4 stages of 38 KiB (h = 4),
-// one CTA per SM, 114 KiB of X and fn in flight per SM; fn is read from L2 once per 256 rows (at
-// T = 4096: 16 x 1.97 MB = 19% on top of X). Small T: 64 rows a CTA (4 warps x 1 m-tile), 6 stages
-// of 14 KiB (a CTA's whole slice is usually in flight at once), two or more CTAs per SM.
+// Tile shapes, measured on the H200 (session 10, h = 4, hD = 20480):
+// - T >= 512: 128 rows a CTA (8 warps x 1 m-tile), 128-element blocks (256 contiguous bytes of
+//   each row a stage), 4 stages of 44 KiB, one CTA per SM; fn is read from L2 once per 128 rows
+//   (at T = 4096: 32 x 1.97 MB). The kernel takes 45-46 us at T = 4096 (ncu), against 54.8 us
+//   for the sessions-5-9 shape (256 rows x 64-element blocks, squares on the CUDA cores), whose
+//   loads alone, without the compute, took 47 us: a row's 128 bytes a stage were the limit.
+// - small T: 64 rows a CTA (4 warps x 1 m-tile), 64-element blocks, 6 stages of 14 KiB (a CTA's
+//   whole slice is usually in flight at once), two or more CTAs per SM.
 #define HM_BIG_T 512
-template <int H, int MT, int WM, int NST, int MINB, bool SQMMA, int KC = 64, bool COMPUTE = true>
+template <int H, int MT, int WM, int NST, int KC, int LPT>
 static int hm_run(const uint16_t *X, const uint16_t *fn2, const float *base, const float *scale3, int T, int n,
                   float norm_eps, float hc_eps, int iters, float *pre, float *post, float *comb, cudaStream_t st)
 {
     using Sh = hm_shape<H>;
     constexpr int R = 16 * MT * WM, NTHR = 32 * WM;
     const size_t smem = (size_t)NST * (R + Sh::NF) * KC * 2;
-    auto kern = g_hc_mix_kernel<H, MT, WM, NST, MINB, SQMMA, KC, COMPUTE>;
+    auto kern = g_hc_mix_kernel<H, MT, WM, NST, KC>;
     G_CHECK(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
     const int nsm = g_num_sms();
     int cps = 1;
@@ -375,7 +285,7 @@ static int hm_run(const uint16_t *X, const uint16_t *fn2, const float *base, con
     if (cps < 1) cps = 1;
     // K split S: the fewest sequential block steps per CTA slot (waves x (blocks + 2); the 2 stand
     // for a CTA's pipeline fill and partial write), the fewest splits on ties (each split adds
-    // T x NPP floats of partials and work for the sum kernel).
+    // T x NPP floats of partials and work for the tail).
     const int tiles = (T + R - 1) / R, nkb = (n + KC - 1) / KC;
     const long slots = (long)nsm * cps;
     int S = 1;
@@ -385,52 +295,16 @@ static int hm_run(const uint16_t *X, const uint16_t *fn2, const float *base, con
         if (best < 0 || cost < best) { best = cost; S = sp; }
     }
     float *P = NULL;
-    const size_t pbytes = sizeof(float) * ((size_t)S * T * Sh::NPP + (size_t)T * Sh::NM);
-    static const int stat = getenv("V41_HM_STATIC") ? 1 : 0;   // EXPERIMENT
-    static float *sP = NULL;
-    static size_t sPn = 0;
-    if (stat) {
-        cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
-        cudaStreamIsCapturing(st, &cs);
-        if (sPn < pbytes && cs == cudaStreamCaptureStatusNone) {
-            cudaDeviceSynchronize();
-            cudaFree(sP);
-            sP = NULL; sPn = 0;
-            if (cudaMalloc((void **)&sP, pbytes) == cudaSuccess) sPn = pbytes;
-        }
-    }
-    const bool use_static = stat && sPn >= pbytes;
-    if (use_static) P = sP;
-    else G_CHECK(g_tmp_alloc((void **)&P, pbytes, st));
-    float *mix = P + (size_t)S * T * Sh::NPP;   /* [T, NM] scaled mixes */
+    G_CHECK(g_tmp_alloc((void **)&P, sizeof(float) * (size_t)S * T * Sh::NPP, st));
     kern<<<dim3((unsigned)tiles, (unsigned)S), NTHR, smem, st>>>(X, fn2, T, n, nkb, P);
     cudaError_t e = cudaGetLastError();
-    static const int fused = getenv("V41_HM_SEPARATE") ? 0 : getenv("V41_HM_FIN") ? 2 : 1;   // EXPERIMENT (session 10)
-    static const int pdl = getenv("V41_HM_PDL") ? 1 : 0;
-    if (e == cudaSuccess && fused == 2) {
-        cudaLaunchConfig_t cfg = {};
-        constexpr int TPW = 32 / (H * H);
-        cfg.gridDim = dim3((unsigned)((T + 4 * TPW - 1) / (4 * TPW)));
-        cfg.blockDim = dim3(128);
-        cfg.stream = st;
-        cudaLaunchAttribute at[1];
-        at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-        at[0].val.programmaticStreamSerializationAllowed = 1;
-        cfg.attrs = at;
-        cfg.numAttrs = pdl ? 1 : 0;
-        e = cudaLaunchKernelEx(&cfg, g_hc_fin_kernel<H>, (const float *)P, S, T, n, norm_eps, scale3, base, iters,
-                               hc_eps, pre, post, comb);
-    } else if (e == cudaSuccess && fused) {
-        g_hc_sum_sinkhorn_kernel<H><<<(unsigned)((T + 3) / 4), 128, 0, st>>>(P, S, T, n, norm_eps, scale3, base,
-                                                                            iters, hc_eps, pre, post, comb);
+    if (e == cudaSuccess) {
+        constexpr int TPW = 32 / LPT;
+        g_hc_fin_kernel<H, LPT><<<(unsigned)((T + 4 * TPW - 1) / (4 * TPW)), 128, 0, st>>>(
+            P, S, T, n, norm_eps, scale3, base, iters, hc_eps, pre, post, comb);
         e = cudaGetLastError();
-    } else if (e == cudaSuccess) {
-        g_hc_sum_kernel<H><<<(unsigned)((T + 3) / 4), 128, 0, st>>>(P, S, T, n, norm_eps, mix);
-        e = cudaGetLastError();
-        if (e == cudaSuccess)
-            e = (cudaError_t)v41g_sinkhorn(mix, scale3, base, T, H, iters, hc_eps, pre, post, comb, st);
     }
-    cudaError_t f = use_static ? cudaSuccess : cudaFreeAsync(P, st);   // freed on the error path too
+    cudaError_t f = cudaFreeAsync(P, st);   // freed on the error path too
     G_CHECK(e);
     G_CHECK(f);
     return 0;
@@ -441,17 +315,11 @@ static int hm_dispatch(const uint16_t *X, const uint16_t *fn2, const float *base
                        int n, float norm_eps, float hc_eps, int iters, float *pre, float *post, float *comb,
                        cudaStream_t st)
 {
-    static const int var = getenv("V41_HM_VARIANT") ? atoi(getenv("V41_HM_VARIANT")) : 0;   // EXPERIMENT
-    if (T >= HM_BIG_T) {
-        if (var == 100)   // the kernel of sessions 5-9
-            return hm_run<H, 2, 8, 4, 1, false>(X, fn2, base, scale3, T, n, norm_eps, hc_eps, iters, pre, post, comb, st);
-        return hm_run<H, 1, 8, 4, 1, true, 128>(X, fn2, base, scale3, T, n, norm_eps, hc_eps, iters, pre, post, comb, st);
-    }
-    if (var == 100) return hm_run<H, 1, 4, 6, 1, false>(X, fn2, base, scale3, T, n, norm_eps, hc_eps, iters, pre, post, comb, st);
-    return hm_run<H, 1, 4, 6, 1, true>(X, fn2, base, scale3, T, n, norm_eps, hc_eps, iters, pre, post, comb, st);
+    if (T >= HM_BIG_T)
+        return hm_run<H, 1, 8, 4, 128, H * H>(X, fn2, base, scale3, T, n, norm_eps, hc_eps, iters, pre, post, comb, st);
+    return hm_run<H, 1, 4, 6, 64, 32>(X, fn2, base, scale3, T, n, norm_eps, hc_eps, iters, pre, post, comb, st);
 }
 
-// X and fn2 16-byte aligned and h*D % 8 == 0 (16-byte rows; v41_gpu.h promises h*D % 256 == 0).
 extern "C" int v41g_hc_mixes2(const uint16_t *X, const uint16_t *fn2, const float *base, const float *scale3,
                               int T, int h, int D, float norm_eps, float hc_eps, int iters,
                               float *pre, float *post, float *comb, v41g_stream s)
