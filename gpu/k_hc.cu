@@ -91,8 +91,9 @@ __global__ void __launch_bounds__(WM * 32, 1)
     const int kb0 = (int)((long long)s * nkb / S), nb = (int)((long long)(s + 1) * nkb / S) - kb0;
     const uint32_t sbase = (uint32_t)__cvta_generic_to_shared(hm_sm);
 
-    // Staging: thread tid copies chunk c = tid % 8 of stage rows r = tid/8 + u*NTHR/8 (NTHR/8 is
-    // even: the swizzle c ^ ((r & 1) << 2) is the same for all u); sources precomputed at block 0.
+    // Staging: thread tid copies chunk c = tid % CPR of stage rows r = tid/CPR + u*NTHR/CPR
+    // (NTHR/CPR is even: the swizzle c ^ ((r & 1) << 2) is the same for all u); sources
+    // precomputed at block 0.
     constexpr int NU = (CH + NTHR - 1) / NTHR;
     static_assert(NTHR % (2 * CPR) == 0, "row parity must not depend on u");
     const int c8 = (tid % CPR) * 8;
