@@ -700,16 +700,15 @@ void small(bench &B, bool quick)
         double t;
         t = B.time([&] { return v41g_rmsnorm(x, wn, y, T, D, 1e-6f, B.st); });
         B.rec("small", fmt("rmsnorm_T%d", T), p, 4.0 * T * D, 2.0 * T * D * 2 + D * 2, t);
+        const std::string rp = fmt("{\"T\":%d,\"heads\":%d,\"head_dim\":%d,\"rope_dim\":%d}", T, H, HD, R);
         t = B.time([&] { return v41g_rope(qb, pos, freqs, T, H, HD, R, 0, B.st); });
-        B.rec("small", fmt("rope_q_T%d", T), fmt("{\"T\":%d,\"heads\":%d,\"head_dim\":%d,\"rope_dim\":%d}", T, H, HD, R),
-              6.0 * T * H * R / 2, 2.0 * T * H * R * 2, t);
+        B.rec("small", fmt("rope_q_T%d", T), rp, 6.0 * T * H * R / 2, 2.0 * T * H * R * 2, t);
         if (H * R / 8 <= 512) {   // the pattern kernel's 2 vectors a thread
             t = B.time([&] {
                 pattern_rope_kernel<<<T, 256, 0, B.st>>>(qb, T, H, HD, R);
                 return (int)cudaGetLastError();
             });
-            B.rec("pattern", fmt("pattern_rope_q_T%d", T), fmt("{\"T\":%d,\"heads\":%d,\"head_dim\":%d,\"rope_dim\":%d}", T, H, HD, R),
-                  0, 2.0 * T * H * R * 2, t);
+            B.rec("pattern", fmt("pattern_rope_q_T%d", T), rp, 0, 2.0 * T * H * R * 2, t);
         }
         t = B.time([&] { return v41g_act_quant(x, q8, sc, y, T, D, B.st); });
         B.rec("small", fmt("act_quant_T%d", T), p, 0, T * D * (2.0 + 1 + 2) + T * D / 32 * 4.0, t);
@@ -720,9 +719,10 @@ void small(bench &B, bool quick)
               2.0 * T * NI * DI * 2, t);
         uint16_t *fn2 = (uint16_t *)B.alloc((size_t)2 * (2 + HC) * HC * HC * D * 2);
         v41g_hc_split_fn(fn, HC, D, fn2, B.st);   // once, at weight upload
+        const std::string mp = fmt("{\"T\":%d,\"hc\":%d,\"dim\":%d}", T, HC, D);
         t = B.time([&] { return v41g_hc_mixes2(x, fn2, base, s3, T, HC, D, 1e-20f, 1e-6f, 20, pre, post, comb, B.st); });
-        B.rec("small", fmt("hc_mixes_sinkhorn_T%d", T), fmt("{\"T\":%d,\"hc\":%d,\"dim\":%d}", T, HC, D),
-              2.0 * T * HC * D * (2 + HC) * HC, (double)T * HC * D * 2 + (2 + HC) * HC * HC * D * 4.0, t);
+        B.rec("small", fmt("hc_mixes_sinkhorn_T%d", T), mp, 2.0 * T * HC * D * (2 + HC) * HC,
+              (double)T * HC * D * 2 + (2 + HC) * HC * HC * D * 4.0, t);
         {
             const size_t nv = (size_t)T * HC * D / 8;
             uint32_t *sink = (uint32_t *)B.alloc(16);
@@ -731,8 +731,7 @@ void small(bench &B, bool quick)
                 pattern_read_kernel<<<nb, 256, 0, B.st>>>((const uint4 *)x, nv, sink);
                 return (int)cudaGetLastError();
             });
-            B.rec("pattern", fmt("pattern_read_X_T%d", T), fmt("{\"T\":%d,\"hc\":%d,\"dim\":%d}", T, HC, D), 0,
-                  (double)T * HC * D * 2, t);
+            B.rec("pattern", fmt("pattern_read_X_T%d", T), mp, 0, (double)T * HC * D * 2, t);
         }
         t = B.time([&] { return v41g_hc_pre(x, pre, y, T, HC, D, B.st); });
         B.rec("small", fmt("hc_pre_T%d", T), p, 2.0 * T * HC * D, (double)T * (HC + 1) * D * 2, t);
@@ -744,11 +743,13 @@ void small(bench &B, bool quick)
     }
     B.free_all();
     // the same records net of the timing floor (ceilings()): what the kernel itself moves per second
-    for (const op_rec &o : B.ops)
-        if ((o.op == "small" || o.op == "pattern") && o.median_s > B.floor_s && o.name.find("_T64") == std::string::npos)
-            printf("net          %-34s %10.2f us %9.1f GB/s (%5.1f%% copy)  (median - %.2f us floor)\n", o.name.c_str(),
-                   (o.median_s - B.floor_s) * 1e6, o.bytes / (o.median_s - B.floor_s) * 1e-9,
-                   100 * o.bytes / (o.median_s - B.floor_s) * 1e-9 / B.copy_GBps, B.floor_s * 1e6);
+    for (const op_rec &o : B.ops) {
+        if ((o.op != "small" && o.op != "pattern") || o.median_s <= B.floor_s || o.name.find("_T64") != std::string::npos)
+            continue;
+        const double tn = o.median_s - B.floor_s, gbs = o.bytes / tn * 1e-9;
+        printf("net          %-34s %10.2f us %9.1f GB/s (%5.1f%% copy)  (median - %.2f us floor)\n", o.name.c_str(),
+               tn * 1e6, gbs, 100 * gbs / B.copy_GBps, B.floor_s * 1e6);
+    }
 }
 
 // The kernels of the device-resident decode step (gpu/v41_gpu_dev.h) at V4.1-Flash shapes, a

@@ -24,7 +24,6 @@
 
 #define DB_THREADS 256   // threads of the one-block-per-row kernels (multiple of 32)
 
-
 // v41_rms_rsqrt from a double sum s of the fp32 squares of n elements:
 // 1 / sqrtf((float)(s / n) + eps).
 __device__ __forceinline__ float db_rsqrt_stat(double s, int n, float eps)

@@ -262,7 +262,7 @@ __global__ void __launch_bounds__(128) g_hc_fin_kernel(const float *__restrict__
 // Tile shapes, measured on the H200 (session 10, h = 4, hD = 20480):
 // - T >= 512: 128 rows a CTA (8 warps x 1 m-tile), 128-element blocks (256 contiguous bytes of
 //   each row a stage), 4 stages of 44 KiB, one CTA per SM; fn is read from L2 once per 128 rows
-//   (at T = 4096: 32 x 1.97 MB). The kernel takes 45-46 us at T = 4096 (ncu), against 54.8 us
+//   (at T = 4096: 32 x 1.97 MB). The kernel takes 45-47 us at T = 4096 (ncu), against 54.8 us
 //   for the sessions-5-9 shape (256 rows x 64-element blocks, squares on the CUDA cores), whose
 //   loads alone, without the compute, took 47 us: a row's 128 bytes a stage were the limit.
 // - small T: 64 rows a CTA (4 warps x 1 m-tile), 64-element blocks, 6 stages of 14 KiB (a CTA's
@@ -321,6 +321,7 @@ static int hm_dispatch(const uint16_t *X, const uint16_t *fn2, const float *base
     return hm_run<H, 1, 4, 6, 64, 32>(X, fn2, base, scale3, T, n, norm_eps, hc_eps, iters, pre, post, comb, st);
 }
 
+// X and fn2 16-byte aligned and h*D % 8 == 0 (16-byte rows; v41_gpu.h promises h*D % 256 == 0).
 extern "C" int v41g_hc_mixes2(const uint16_t *X, const uint16_t *fn2, const float *base, const float *scale3,
                               int T, int h, int D, float norm_eps, float hc_eps, int iters,
                               float *pre, float *post, float *comb, v41g_stream s)
