@@ -720,7 +720,11 @@ void small(bench &B, bool quick)
         uint16_t *fn2 = (uint16_t *)B.alloc((size_t)2 * (2 + HC) * HC * HC * D * 2);
         v41g_hc_split_fn(fn, HC, D, fn2, B.st);   // once, at weight upload
         const std::string mp = fmt("{\"T\":%d,\"hc\":%d,\"dim\":%d}", T, HC, D);
-        t = B.time([&] { return v41g_hc_mixes2(x, fn2, base, s3, T, HC, D, 1e-20f, 1e-6f, 20, pre, post, comb, B.st); });
+        const size_t hws_n = v41g_hc_mixes2_ws_size(T, HC, D);
+        void *hws = B.alloc(hws_n);
+        t = B.time([&] {   // caller scratch: the graph holds no allocation nodes (as an engine would run it)
+            return v41g_hc_mixes2_ws(x, fn2, base, s3, T, HC, D, 1e-20f, 1e-6f, 20, pre, post, comb, hws, hws_n, B.st);
+        });
         B.rec("small", fmt("hc_mixes_sinkhorn_T%d", T), mp, 2.0 * T * HC * D * (2 + HC) * HC,
               (double)T * HC * D * 2 + (2 + HC) * HC * HC * D * 4.0, t);
         {
@@ -931,6 +935,8 @@ void layer(bench &B, int T, bool decode, int ctx, bool packed)
     float *pre = f32((size_t)T * HC, 0.2f), *post = f32((size_t)T * HC, 1.0f), *comb = f32((size_t)T * HC * HC, 0.2f);
     float *iw = f32((size_t)T * NI, 0.1f), *I = (float *)B.alloc((size_t)T * S * 4), *logits = (float *)B.alloc((size_t)T * E * 4);
     float *wts = (float *)B.alloc((size_t)T * KA * 4);
+    const size_t hws_n = v41g_hc_mixes2_ws_size(T, HC, D);
+    void *hws = B.alloc(hws_n);
     int32_t *topk = (int32_t *)B.alloc((size_t)T * TOPK * 4), *eidx = (int32_t *)B.alloc((size_t)T * KA * 4);
     std::vector<int32_t> pos(T), vis(T), list((size_t)T * L);
     std::vector<int64_t> kb(T);
@@ -957,7 +963,7 @@ void layer(bench &B, int T, bool decode, int ctx, bool packed)
     auto attn_half = [&]() {
         int rc = 0;
 #define R_(call) do { if (!rc) rc = (call); } while (0)
-        R_(v41g_hc_mixes2(X, fn2a, base, s3, T, HC, D, 1e-20f, 1e-6f, 20, pre, post, comb, st));
+        R_(v41g_hc_mixes2_ws(X, fn2a, base, s3, T, HC, D, 1e-20f, 1e-6f, 20, pre, post, comb, hws, hws_n, st));
         R_(v41g_hc_pre(X, pre, x, T, HC, D, st));
         R_(v41g_rmsnorm(x, nw, xn, T, D, 1e-6f, st));
         R_(v41g_act_quant(xn, NULL, NULL, x, T, D, st));                       /* fp8 Linear input */
@@ -988,7 +994,7 @@ void layer(bench &B, int T, bool decode, int ctx, bool packed)
     };
     auto ffn_half = [&]() {
         int rc = 0;
-        R_(v41g_hc_mixes2(X, fn2f, base, s3, T, HC, D, 1e-20f, 1e-6f, 20, pre, post, comb, st));
+        R_(v41g_hc_mixes2_ws(X, fn2f, base, s3, T, HC, D, 1e-20f, 1e-6f, 20, pre, post, comb, hws, hws_n, st));
         R_(v41g_hc_pre(X, pre, x, T, HC, D, st));
         R_(v41g_rmsnorm(x, nw, xn, T, D, 1e-6f, st));
         R_(v41g_gemm_bf16(xn, gate, logits, T, E, D, 1, 1, 0, 0, 0, st));

@@ -268,22 +268,31 @@ __global__ void __launch_bounds__(128) g_hc_fin_kernel(const float *__restrict__
 // - small T: 64 rows a CTA (4 warps x 1 m-tile), 64-element blocks, 6 stages of 14 KiB (a CTA's
 //   whole slice is usually in flight at once), two or more CTAs per SM.
 #define HM_BIG_T 512
+// ws_bytes < 0: return the scratch size of this call in *need (nothing launched); else run with
+// the scratch ws (ws_bytes of it; NULL: allocated here, stream-ordered).
 template <int H, int MT, int WM, int NST, int KC, int LPT>
 static int hm_run(const uint16_t *X, const uint16_t *fn2, const float *base, const float *scale3, int T, int n,
-                  float norm_eps, float hc_eps, int iters, float *pre, float *post, float *comb, cudaStream_t st)
+                  float norm_eps, float hc_eps, int iters, float *pre, float *post, float *comb, void *ws,
+                  long long ws_bytes, size_t *need, cudaStream_t st)
 {
     using Sh = hm_shape<H>;
     constexpr int R = 16 * MT * WM, NTHR = 32 * WM;
     const size_t smem = (size_t)NST * (R + Sh::NF) * KC * 2;
     auto kern = g_hc_mix_kernel<H, MT, WM, NST, KC>;
-    G_CHECK(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
-    const int nsm = g_num_sms();
-    int cps = 1;
-    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&cps, kern, NTHR, smem) != cudaSuccess) {
-        cudaGetLastError();   // (not sticky) fall back to one CTA per SM
-        cps = 1;
+    static bool attr_set = false;   /* (one value per instantiation; setting it again is harmless) */
+    if (!attr_set) {
+        G_CHECK(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+        attr_set = true;
     }
-    if (cps < 1) cps = 1;
+    const int nsm = g_num_sms();
+    static int cps = 0;   /* CTAs per SM: fixed per instantiation and device (the engine uses one device) */
+    if (cps < 1) {
+        if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&cps, kern, NTHR, smem) != cudaSuccess) {
+            cudaGetLastError();   // (not sticky) fall back to one CTA per SM
+            cps = 1;
+        }
+        if (cps < 1) cps = 1;
+    }
     // K split S: the fewest sequential block steps per CTA slot (waves x (blocks + 2); the 2 stand
     // for a CTA's pipeline fill and partial write), the fewest splits on ties (each split adds
     // T x NPP floats of partials and work for the tail).
@@ -295,8 +304,11 @@ static int hm_run(const uint16_t *X, const uint16_t *fn2, const float *base, con
         long waves = ((long)tiles * sp + slots - 1) / slots, cost = waves * ((nkb + sp - 1) / sp + 2);
         if (best < 0 || cost < best) { best = cost; S = sp; }
     }
-    float *P = NULL;
-    G_CHECK(g_tmp_alloc((void **)&P, sizeof(float) * (size_t)S * T * Sh::NPP, st));
+    const size_t pbytes = sizeof(float) * (size_t)S * T * Sh::NPP;
+    if (ws_bytes < 0) { *need = pbytes; return 0; }
+    float *P = (float *)ws;
+    if (P && (size_t)ws_bytes < pbytes) return (int)cudaErrorInvalidValue;
+    if (!P) G_CHECK(g_tmp_alloc((void **)&P, pbytes, st));
     kern<<<dim3((unsigned)tiles, (unsigned)S), NTHR, smem, st>>>(X, fn2, T, n, nkb, P);
     cudaError_t e = cudaGetLastError();
     if (e == cudaSuccess) {
@@ -305,7 +317,7 @@ static int hm_run(const uint16_t *X, const uint16_t *fn2, const float *base, con
             P, S, T, n, norm_eps, scale3, base, iters, hc_eps, pre, post, comb);
         e = cudaGetLastError();
     }
-    cudaError_t f = cudaFreeAsync(P, st);   // freed on the error path too
+    cudaError_t f = ws ? cudaSuccess : cudaFreeAsync(P, st);   // freed on the error path too
     G_CHECK(e);
     G_CHECK(f);
     return 0;
@@ -314,28 +326,54 @@ static int hm_run(const uint16_t *X, const uint16_t *fn2, const float *base, con
 template <int H>
 static int hm_dispatch(const uint16_t *X, const uint16_t *fn2, const float *base, const float *scale3, int T,
                        int n, float norm_eps, float hc_eps, int iters, float *pre, float *post, float *comb,
-                       cudaStream_t st)
+                       void *ws, long long ws_bytes, size_t *need, cudaStream_t st)
 {
     if (T >= HM_BIG_T)
-        return hm_run<H, 1, 8, 4, 128, H * H>(X, fn2, base, scale3, T, n, norm_eps, hc_eps, iters, pre, post, comb, st);
-    return hm_run<H, 1, 4, 6, 64, 32>(X, fn2, base, scale3, T, n, norm_eps, hc_eps, iters, pre, post, comb, st);
+        return hm_run<H, 1, 8, 4, 128, H * H>(X, fn2, base, scale3, T, n, norm_eps, hc_eps, iters, pre, post, comb,
+                                              ws, ws_bytes, need, st);
+    return hm_run<H, 1, 4, 6, 64, 32>(X, fn2, base, scale3, T, n, norm_eps, hc_eps, iters, pre, post, comb, ws,
+                                      ws_bytes, need, st);
 }
 
 // X and fn2 16-byte aligned and h*D % 8 == 0 (16-byte rows; v41_gpu.h promises h*D % 256 == 0).
+static int hm_entry(const uint16_t *X, const uint16_t *fn2, const float *base, const float *scale3, int T, int h,
+                    int D, float norm_eps, float hc_eps, int iters, float *pre, float *post, float *comb, void *ws,
+                    long long ws_bytes, size_t *need, cudaStream_t st)
+{
+    const int n = h * D;
+    if (D <= 0 || n % 8 || (((uintptr_t)X | (uintptr_t)fn2) & 15)) return (int)cudaErrorInvalidValue;
+    switch (h) {
+    case 1: return hm_dispatch<1>(X, fn2, base, scale3, T, n, norm_eps, hc_eps, iters, pre, post, comb, ws, ws_bytes, need, st);
+    case 2: return hm_dispatch<2>(X, fn2, base, scale3, T, n, norm_eps, hc_eps, iters, pre, post, comb, ws, ws_bytes, need, st);
+    case 4: return hm_dispatch<4>(X, fn2, base, scale3, T, n, norm_eps, hc_eps, iters, pre, post, comb, ws, ws_bytes, need, st);
+    default: return (int)cudaErrorInvalidValue;
+    }
+}
 extern "C" int v41g_hc_mixes2(const uint16_t *X, const uint16_t *fn2, const float *base, const float *scale3,
                               int T, int h, int D, float norm_eps, float hc_eps, int iters,
                               float *pre, float *post, float *comb, v41g_stream s)
 {
     if (T <= 0) return 0;
-    const int n = h * D;
-    if (D <= 0 || n % 8 || (((uintptr_t)X | (uintptr_t)fn2) & 15)) return (int)cudaErrorInvalidValue;
-    cudaStream_t st = G_STREAM(s);
-    switch (h) {
-    case 1: return hm_dispatch<1>(X, fn2, base, scale3, T, n, norm_eps, hc_eps, iters, pre, post, comb, st);
-    case 2: return hm_dispatch<2>(X, fn2, base, scale3, T, n, norm_eps, hc_eps, iters, pre, post, comb, st);
-    case 4: return hm_dispatch<4>(X, fn2, base, scale3, T, n, norm_eps, hc_eps, iters, pre, post, comb, st);
-    default: return (int)cudaErrorInvalidValue;
-    }
+    return hm_entry(X, fn2, base, scale3, T, h, D, norm_eps, hc_eps, iters, pre, post, comb, NULL, 0, NULL,
+                    G_STREAM(s));
+}
+extern "C" size_t v41g_hc_mixes2_ws_size(int T, int h, int D)
+{
+    size_t need = 0;
+    /* (16-byte aligned dummies: only the shapes are looked at) */
+    static const uint16_t dummy[8] __attribute__((aligned(16))) = {0};
+    if (T <= 0 || hm_entry(dummy, dummy, NULL, NULL, T, h, D, 0.0f, 0.0f, 0, NULL, NULL, NULL, NULL, -1, &need, 0))
+        return 0;
+    return need;
+}
+extern "C" int v41g_hc_mixes2_ws(const uint16_t *X, const uint16_t *fn2, const float *base, const float *scale3,
+                                 int T, int h, int D, float norm_eps, float hc_eps, int iters,
+                                 float *pre, float *post, float *comb, void *ws, size_t ws_bytes, v41g_stream s)
+{
+    if (T <= 0) return 0;
+    if (!ws || ((uintptr_t)ws & 15)) return (int)cudaErrorInvalidValue;
+    return hm_entry(X, fn2, base, scale3, T, h, D, norm_eps, hc_eps, iters, pre, post, comb, ws,
+                    (long long)ws_bytes, NULL, G_STREAM(s));
 }
 
 extern "C" int v41g_hc_mixes(const uint16_t *X, const float *fn, const float *base, const float *scale3,

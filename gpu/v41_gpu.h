@@ -73,6 +73,13 @@ int v41g_hc_split_fn(const float *fn, int h, int D, uint16_t *fn2, v41g_stream s
 int v41g_hc_mixes2(const uint16_t *X, const uint16_t *fn2, const float *base, const float *scale3,
                    int T, int h, int D, float norm_eps, float hc_eps, int iters,
                    float *pre, float *post, float *comb, v41g_stream s);
+/* The same with caller-provided scratch (no stream-ordered allocation in the
+ * call, so a CUDA graph of it holds no allocation nodes): ws 16-byte aligned,
+ * at least v41g_hc_mixes2_ws_size(T, h, D) bytes (0: bad shape). */
+size_t v41g_hc_mixes2_ws_size(int T, int h, int D);
+int v41g_hc_mixes2_ws(const uint16_t *X, const uint16_t *fn2, const float *base, const float *scale3,
+                      int T, int h, int D, float norm_eps, float hc_eps, int iters,
+                      float *pre, float *post, float *comb, void *ws, size_t ws_bytes, v41g_stream s);
 /* y[T,D] = bf16(sum_i p[t,i] X[t,i,:]) */
 int v41g_hc_pre(const uint16_t *X, const float *p, uint16_t *y, int T, int h, int D, v41g_stream s);
 /* Xout[t,j,:] = bf16(post[t,j]*y[t,:] + sum_i comb[t,i,j]*X[t,i,:]); Xout may equal X. */

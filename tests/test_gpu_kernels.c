@@ -223,9 +223,20 @@ START_TEST(test_hc)
     {
         uint16_t *dfn2 = dpoison(2 * 2 * (size_t)NM * hD);
         ck_assert_int_eq(v41g_hc_split_fn(dfn, h, D, dfn2, NULL), 0);
+        /* rep 0: the allocating call; rep 1: caller scratch of exactly v41g_hc_mixes2_ws_size bytes
+         * (poisoned: every partial the finish reads must have been written by this call) */
+        const size_t wsn = v41g_hc_mixes2_ws_size(T, h, D);
+        ck_assert_uint_gt(wsn, 0);
+        void *dws = dpoison(wsn);
+        ck_assert_int_ne(v41g_hc_mixes2_ws(dX, dfn2, db, ds, T, h, D, 1e-20f, 1e-6f, 20, dpre, dpost, dcomb, dws,
+                                           wsn - 4, NULL), 0);   /* too small: refused, nothing launched */
+        ck_assert_uint_eq(v41g_hc_mixes2_ws_size(T, 3, D), 0);    /* h = 3: bad shape */
         for (int rep = 0; rep < 2; rep++) {
             float *dpre2 = dpoison(4 * T * h), *dpost2 = dpoison(4 * T * h), *dcomb2 = dpoison(4 * (size_t)T * h * h);
-            ck_assert_int_eq(v41g_hc_mixes2(dX, dfn2, db, ds, T, h, D, 1e-20f, 1e-6f, 20, dpre2, dpost2, dcomb2, NULL),
+            ck_assert_int_eq(rep == 0 ? v41g_hc_mixes2(dX, dfn2, db, ds, T, h, D, 1e-20f, 1e-6f, 20, dpre2, dpost2,
+                                                       dcomb2, NULL)
+                                      : v41g_hc_mixes2_ws(dX, dfn2, db, ds, T, h, D, 1e-20f, 1e-6f, 20, dpre2, dpost2,
+                                                          dcomb2, dws, wsn, NULL),
                              0);
             float *p2 = down(dpre2, 4 * T * h), *q2 = down(dpost2, 4 * T * h);
             float *c2 = down(dcomb2, 4 * (size_t)T * h * h);
@@ -236,6 +247,7 @@ START_TEST(test_hc)
             free(p2); free(q2); free(c2);
         }
         v41g_free(dfn2);
+        v41g_free(dws);
     }
     /* doubly stochastic after Sinkhorn: column sums ~1 */
     for (int t = 0; t < T; t++)
