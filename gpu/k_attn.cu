@@ -385,11 +385,13 @@ __global__ void g_attn_merge_kernel(const float *__restrict__ part, const float 
 // Accumulator fragment of wgmma m64nN (f32): thread (warp w4 = warp % 4, lane = 4g + c) holds
 // d[4i + 0/1] = (row 16 w4 + g, columns 8i + 2c + 0/1) and d[4i + 2/3] = (row 16 w4 + g + 8, same
 // columns).
-// Pipeline per chunk c (buffer b): __syncthreads (both WGs are done with chunk c-1, whose buffer
-// b^1 is free) -> issue the cp.async gather of chunk c+1 into b^1 (two chunks in flight) ->
-// cp.async.wait_group 1 + fence.proxy.async + __syncthreads (chunk c landed for every thread) ->
-// GEMM 1 -> scale, mask, row max of the 32 keys -> Xmax, __syncthreads -> m, corr, p, P to shared
-// memory, fence.proxy.async, __syncthreads -> O *= corr -> GEMM 2 -> wait.
+// Pipeline per chunk c (buffer b): cp.async.wait_group 0 + fence.proxy.async + __syncthreads
+// (chunk c landed for every thread, and both WGs are done with chunk c-1, so its buffer b^1 is
+// free) -> issue GEMM 1 -> issue the cp.async gather of chunk c+1 into b^1 while the tensor cores
+// run GEMM 1 -> wait -> scale, mask, row max of the 32 keys -> Xmax, __syncthreads -> m, corr, p,
+// P to shared memory, fence.proxy.async, __syncthreads -> O *= corr -> GEMM 2 -> wait. (Session
+// 11 moved the gather issue there from before the wait for chunk c: one barrier fewer a chunk;
+// prefill 4096 rows 6-7 % faster on the H200, decode unchanged within the noise.)
 // Epilogue: each CTA stores its O, m and l (= Lw[0] + Lw[1]) in its own shared memory; after a
 // cluster barrier, rank z finalises rows z, z + NS, ... reading every rank's values through
 // distributed shared memory in rank order, exactly as g_attn_merge_kernel: M = max m_s,
@@ -554,13 +556,9 @@ g_sparse_attn_wgmma_kernel(const uint16_t *__restrict__ q, const uint16_t *__res
         const int b = (c - c0) & 1;
         const int *Vs = Vall + (c - c0) * AT_CK + kw;
         const uint64_t boff = (uint64_t)(b * 65536) >> 4;   /* buffer offset in descriptor units */
-        __syncthreads();   // both WGs are done with chunk c-1: its buffer b^1, P and Xmax are free
-        // gather chunk c+1 into it now, before waiting for chunk c: two chunks in flight
-        if (c + 1 < c1) prefetch(c + 1, b ^ 1);
-        else g_cp_commit();
-        g_cp_wait<1>();    // this thread's rows of chunk c (and Q) landed (chunk c+1 may still fly)
+        g_cp_wait<0>();    // this thread's rows of chunk c (gathered during chunk c-1's GEMM 1) and Q landed
         aw_fence_proxy_async();
-        __syncthreads();   // chunk c landed for every thread
+        __syncthreads();   // chunk c landed for every thread; both WGs are done with chunk c-1 (buffer b^1, P, Xmax)
         // GEMM 1: S_w = Q . K_w^T (async)
         float s[16];
 #pragma unroll
@@ -573,6 +571,8 @@ g_sparse_attn_wgmma_kernel(const uint16_t *__restrict__ q, const uint16_t *__res
             aw_mma_ss_n32(s, dQ + koff, dK0 + boff + koff, ks > 0);
         }
         aw_wgmma_commit();
+        // gather chunk c+1 into the free buffer b^1 while the tensor cores run GEMM 1
+        if (c + 1 < c1) prefetch(c + 1, b ^ 1);
         aw_wgmma_wait<0>();
         aw_fence_regs(s);
         // scale, mask (-1 entries: -inf, never in the max), row max over the quad (lanes 4g..4g+3)
