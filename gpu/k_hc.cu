@@ -279,20 +279,14 @@ static int hm_run(const uint16_t *X, const uint16_t *fn2, const float *base, con
     constexpr int R = 16 * MT * WM, NTHR = 32 * WM;
     const size_t smem = (size_t)NST * (R + Sh::NF) * KC * 2;
     auto kern = g_hc_mix_kernel<H, MT, WM, NST, KC>;
-    static bool attr_set = false;   /* (one value per instantiation; setting it again is harmless) */
-    if (!attr_set) {
-        G_CHECK(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
-        attr_set = true;
-    }
+    G_CHECK(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
     const int nsm = g_num_sms();
-    static int cps = 0;   /* CTAs per SM: fixed per instantiation and device (the engine uses one device) */
-    if (cps < 1) {
-        if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&cps, kern, NTHR, smem) != cudaSuccess) {
-            cudaGetLastError();   // (not sticky) fall back to one CTA per SM
-            cps = 1;
-        }
-        if (cps < 1) cps = 1;
+    int cps = 1;
+    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&cps, kern, NTHR, smem) != cudaSuccess) {
+        cudaGetLastError();   // (not sticky) fall back to one CTA per SM
+        cps = 1;
     }
+    if (cps < 1) cps = 1;
     // K split S: the fewest sequential block steps per CTA slot (waves x (blocks + 2); the 2 stand
     // for a CTA's pipeline fill and partial write), the fewest splits on ties (each split adds
     // T x NPP floats of partials and work for the tail).
