@@ -654,29 +654,27 @@ g_sparse_attn_wgmma_kernel(const uint16_t *__restrict__ q, const uint16_t *__res
         Lw[wg * 64 + r0] = l0; Lw[wg * 64 + r1] = l1;
         if (wg == 0) { Mrow[r0] = m0; Mrow[r1] = m1; }
     }
-    if (NS > 1) aw_cluster_sync();   // every rank's O, m, l are written (release / acquire)
-    else __syncthreads();
+    aw_cluster_sync();   // every rank's O, m, l are written (release / acquire)
     // Finalise the rows r = split + NS i of this rank. Per row: M = max_z m_z, the factors
     // e_z = e^(m_z - M) and 1 / l (threads 0..63, one row each, into Xmax / P: free now), then
     // o = bf16(sum_z O_z e_z / l) by every thread, 4 columns (one 16-byte load per rank) per item.
     const uint32_t sM = sbase + AW_OFF_S, sL = sM + 64 * 4;
     float *Fac = (float *)(gbase + AW_OFF_P);   /* [64][AW_MAX_NS] */
     float *Inv = Xmax;                           /* [64] */
-    auto rb = [&](int z) { return NS > 1 ? aw_mapa(sbase, (uint32_t)z) : sbase; };   /* rank z's shared window */
+    auto rb = [&](int z) { return aw_mapa(sbase, (uint32_t)z); };   /* rank z's shared window */
     if (tid < MT && tid % NS == split) {
         const int r = tid;
         float ms[AW_MAX_NS], M = AT_NEG, l = 0.0f;
 #pragma unroll
         for (int z = 0; z < AW_MAX_NS; z++)
             if (z < NS) {
-                ms[z] = NS > 1 ? aw_ld_cluster(rb(z) + (sM - sbase) + 4 * r) : Mrow[r];
+                ms[z] = aw_ld_cluster(rb(z) + (sM - sbase) + 4 * r);
                 M = fmaxf(M, ms[z]);
             }
 #pragma unroll
         for (int z = 0; z < AW_MAX_NS; z++)
             if (z < NS) {
-                const float lz = NS > 1 ? aw_ld_cluster(rb(z) + (sL - sbase) + 4 * r) + aw_ld_cluster(rb(z) + (sL - sbase) + 256 + 4 * r)
-                                        : Lw[r] + Lw[64 + r];
+                const float lz = aw_ld_cluster(rb(z) + (sL - sbase) + 4 * r) + aw_ld_cluster(rb(z) + (sL - sbase) + 256 + 4 * r);
                 const float e = expf(ms[z] - M);
                 Fac[r * AW_MAX_NS + z] = e;
                 l += lz * e;
@@ -703,7 +701,7 @@ g_sparse_attn_wgmma_kernel(const uint16_t *__restrict__ q, const uint16_t *__res
 #pragma unroll
                 for (int u = 0; u < 4; u++) {
                     const uint32_t off = (uint32_t)(rr[u] * AW_OST + cl[u]) * 4u;
-                    v[u] = NS > 1 ? aw_ld_cluster_v4(rb(z) + off) : *(const float4 *)(gbase + off);
+                    v[u] = aw_ld_cluster_v4(rb(z) + off);
                 }
 #pragma unroll
                 for (int u = 0; u < 4; u++) {
@@ -722,7 +720,7 @@ g_sparse_attn_wgmma_kernel(const uint16_t *__restrict__ q, const uint16_t *__res
             *(uint2 *)(o + ((size_t)t * H + h0 + rr[u]) * d + cl[u]) = pk;
         }
     }
-    if (NS > 1) aw_cluster_sync();   // no rank leaves while another may still read its memory
+    aw_cluster_sync();   // no rank leaves while another may still read its memory
 #endif
 }
 
