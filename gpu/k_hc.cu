@@ -268,12 +268,12 @@ __global__ void __launch_bounds__(128) g_hc_fin_kernel(const float *__restrict__
 // - small T: 64 rows a CTA (4 warps x 1 m-tile), 64-element blocks, 6 stages of 14 KiB (a CTA's
 //   whole slice is usually in flight at once), two or more CTAs per SM.
 #define HM_BIG_T 512
-// ws_bytes < 0: return the scratch size of this call in *need (nothing launched); else run with
-// the scratch ws (ws_bytes of it; NULL: allocated here, stream-ordered).
+// need != NULL: only store the scratch size of this call in *need (nothing launched); else run
+// with the scratch ws (ws_bytes of it; NULL: allocated here, stream-ordered).
 template <int H, int MT, int WM, int NST, int KC, int LPT>
 static int hm_run(const uint16_t *X, const uint16_t *fn2, const float *base, const float *scale3, int T, int n,
                   float norm_eps, float hc_eps, int iters, float *pre, float *post, float *comb, void *ws,
-                  long long ws_bytes, size_t *need, cudaStream_t st)
+                  size_t ws_bytes, size_t *need, cudaStream_t st)
 {
     using Sh = hm_shape<H>;
     constexpr int R = 16 * MT * WM, NTHR = 32 * WM;
@@ -299,9 +299,9 @@ static int hm_run(const uint16_t *X, const uint16_t *fn2, const float *base, con
         if (best < 0 || cost < best) { best = cost; S = sp; }
     }
     const size_t pbytes = sizeof(float) * (size_t)S * T * Sh::NPP;
-    if (ws_bytes < 0) { *need = pbytes; return 0; }
+    if (need) { *need = pbytes; return 0; }
     float *P = (float *)ws;
-    if (P && (size_t)ws_bytes < pbytes) return (int)cudaErrorInvalidValue;
+    if (P && ws_bytes < pbytes) return (int)cudaErrorInvalidValue;
     if (!P) G_CHECK(g_tmp_alloc((void **)&P, pbytes, st));
     kern<<<dim3((unsigned)tiles, (unsigned)S), NTHR, smem, st>>>(X, fn2, T, n, nkb, P);
     cudaError_t e = cudaGetLastError();
@@ -320,7 +320,7 @@ static int hm_run(const uint16_t *X, const uint16_t *fn2, const float *base, con
 template <int H>
 static int hm_dispatch(const uint16_t *X, const uint16_t *fn2, const float *base, const float *scale3, int T,
                        int n, float norm_eps, float hc_eps, int iters, float *pre, float *post, float *comb,
-                       void *ws, long long ws_bytes, size_t *need, cudaStream_t st)
+                       void *ws, size_t ws_bytes, size_t *need, cudaStream_t st)
 {
     if (T >= HM_BIG_T)
         return hm_run<H, 1, 8, 4, 128, H * H>(X, fn2, base, scale3, T, n, norm_eps, hc_eps, iters, pre, post, comb,
@@ -332,7 +332,7 @@ static int hm_dispatch(const uint16_t *X, const uint16_t *fn2, const float *base
 // X and fn2 16-byte aligned and h*D % 8 == 0 (16-byte rows; v41_gpu.h promises h*D % 256 == 0).
 static int hm_entry(const uint16_t *X, const uint16_t *fn2, const float *base, const float *scale3, int T, int h,
                     int D, float norm_eps, float hc_eps, int iters, float *pre, float *post, float *comb, void *ws,
-                    long long ws_bytes, size_t *need, cudaStream_t st)
+                    size_t ws_bytes, size_t *need, cudaStream_t st)
 {
     const int n = h * D;
     if (D <= 0 || n % 8 || (((uintptr_t)X | (uintptr_t)fn2) & 15)) return (int)cudaErrorInvalidValue;
@@ -356,7 +356,7 @@ extern "C" size_t v41g_hc_mixes2_ws_size(int T, int h, int D)
     size_t need = 0;
     /* (16-byte aligned dummies: only the shapes are looked at) */
     static const uint16_t dummy[8] __attribute__((aligned(16))) = {0};
-    if (T <= 0 || hm_entry(dummy, dummy, NULL, NULL, T, h, D, 0.0f, 0.0f, 0, NULL, NULL, NULL, NULL, -1, &need, 0))
+    if (T <= 0 || hm_entry(dummy, dummy, NULL, NULL, T, h, D, 0.0f, 0.0f, 0, NULL, NULL, NULL, NULL, 0, &need, 0))
         return 0;
     return need;
 }
@@ -366,8 +366,8 @@ extern "C" int v41g_hc_mixes2_ws(const uint16_t *X, const uint16_t *fn2, const f
 {
     if (T <= 0) return 0;
     if (!ws || ((uintptr_t)ws & 15)) return (int)cudaErrorInvalidValue;
-    return hm_entry(X, fn2, base, scale3, T, h, D, norm_eps, hc_eps, iters, pre, post, comb, ws,
-                    (long long)ws_bytes, NULL, G_STREAM(s));
+    return hm_entry(X, fn2, base, scale3, T, h, D, norm_eps, hc_eps, iters, pre, post, comb, ws, ws_bytes, NULL,
+                    G_STREAM(s));
 }
 
 extern "C" int v41g_hc_mixes(const uint16_t *X, const float *fn, const float *base, const float *scale3,
