@@ -326,8 +326,26 @@ __device__ __forceinline__ int tk_rep_sum(const uint32_t *rep, int tid)
     return sum;
 }
 
-__device__ __forceinline__ void tk_cluster_arrive() { asm volatile("barrier.cluster.arrive.release.aligned;" ::: "memory"); }
-__device__ __forceinline__ void tk_cluster_wait() { asm volatile("barrier.cluster.wait.acquire.aligned;" ::: "memory"); }
+// Thread-block clusters exist from compute 9.0 on. A build for an older architecture (configure
+// --with-cuda-arch=sm_80) compiles the CL > 1 kernels without them and never launches them: the host
+// runs one block per row there (v41g_topk).
+#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 900
+#define TK_HAVE_CLUSTER 1
+#else
+#define TK_HAVE_CLUSTER 0
+#endif
+__device__ __forceinline__ void tk_cluster_arrive()
+{
+#if TK_HAVE_CLUSTER
+    asm volatile("barrier.cluster.arrive.release.aligned;" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void tk_cluster_wait()
+{
+#if TK_HAVE_CLUSTER
+    asm volatile("barrier.cluster.wait.acquire.aligned;" ::: "memory");
+#endif
+}
 
 // Grid: CL * T blocks; cluster (CL > 1; CL == 1: the block alone, no cluster) = the CL blocks of row
 // t = blockIdx.x / CL; block rank r owns positions [r*chunk, (r+1)*chunk) of the row.
@@ -335,13 +353,27 @@ template <int CL>
 __device__ __forceinline__ void tk_csync()
 {
     if constexpr (CL == 1) __syncthreads();
-    else cg::this_cluster().sync();
+    else {
+#if TK_HAVE_CLUSTER
+        cg::this_cluster().sync();
+#else
+        __trap();   // (never launched without clusters)
+#endif
+    }
 }
 template <int CL>
 __device__ __forceinline__ int tk_remote(int *p, int r)   // p in block rank r of the cluster
 {
     if constexpr (CL == 1) return *p;
-    else return *cg::this_cluster().map_shared_rank(p, r);
+    else {
+#if TK_HAVE_CLUSTER
+        return *cg::this_cluster().map_shared_rank(p, r);
+#else
+        (void)r;
+        __trap();   // (never launched without clusters)
+        return 0;
+#endif
+    }
 }
 
 template <int CL>
@@ -355,7 +387,9 @@ g_topk_kernel(const float *__restrict__ I, const int32_t *__restrict__ visible, 
     __shared__ int h1[256], h2[256], cnt[2];           // this block's histograms and counts (read by the cluster)
     __shared__ int wtot[8], res[3], wc[2][TK_W], wq[2][TK_W];
     int rank = 0;
+#if TK_HAVE_CLUSTER
     if constexpr (CL > 1) rank = (int)cg::this_cluster().block_rank();
+#endif
     const int t = blockIdx.x / CL;
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const float *row = I + (size_t)t * S;
@@ -509,6 +543,17 @@ static int tk_launch(const float *I, const int32_t *visible, int T, int S, int k
     return 0;
 }
 
+// clusters usable: a compute 9.0+ device, unless V41_TOPK_NO_CLUSTER is set
+static bool tk_clusters()
+{
+    int dev = 0, maj = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&maj, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess) {
+        cudaGetLastError();
+        return false;
+    }
+    return maj >= 9 && !g_env_flag("V41_TOPK_NO_CLUSTER");
+}
+
 extern "C" int v41g_topk(const float *I, const int32_t *visible, int T, int S, int k, int32_t *out,
                          uint8_t *tie_cut, v41g_stream s)
 {
@@ -519,7 +564,9 @@ extern "C" int v41g_topk(const float *I, const int32_t *visible, int T, int S, i
         if (tie_cut) G_CHECK(cudaMemsetAsync(tie_cut, 0, (size_t)T, st));
         return 0;
     }
-    if (S <= TK_SHARE) return tk_launch<1>(I, visible, T, S, k, out, tie_cut, st);
+    // one block per row: short rows, devices without clusters (compute < 9.0) and V41_TOPK_NO_CLUSTER
+    // (read at every call; the tests run every case both ways)
+    if (S <= TK_SHARE || !tk_clusters()) return tk_launch<1>(I, visible, T, S, k, out, tie_cut, st);
     if (S <= 2 * TK_SHARE) return tk_launch<2>(I, visible, T, S, k, out, tie_cut, st);
     if (S <= 4 * TK_SHARE) return tk_launch<4>(I, visible, T, S, k, out, tie_cut, st);
     return tk_launch<TK_CL>(I, visible, T, S, k, out, tie_cut, st);

@@ -495,23 +495,33 @@ START_TEST(test_topk)
     int32_t *want = malloc(4 * (size_t)T * k);
     cr_topk(I, vis, T, S, k, want);
     float *dI = up(I, 4 * (size_t)T * S);
-    int32_t *dv = up(vis, 4 * T), *dout = dpoison(4 * (size_t)T * k);
-    uint8_t *dtie = dpoison(T);
-    ck_assert_int_eq(v41g_topk(dI, dv, T, S, k, dout, dtie, NULL), 0);
-    int32_t *got = down(dout, 4 * (size_t)T * k);
-    uint8_t *tie = down(dtie, T);
-    for (int t = 0; t < T; t++)
-        for (int j = 0; j < k; j++)
-            ck_assert_msg(got[(size_t)t * k + j] == want[(size_t)t * k + j], "row %d slot %d: got %d want %d", t, j,
-                          got[(size_t)t * k + j], want[(size_t)t * k + j]);
-    /* ties of the heavy-tie rows with more visible keys than k straddle the cut */
-    for (int t = 0; t < T; t++) {
-        ck_assert_int_le(tie[t], 1);
-        if (t % 2 == 0 && vis[t] > 4 * k) ck_assert_int_eq(tie[t], 1);
-        if (vis[t] <= k && vis[t] < S) ck_assert_int_eq(tie[t], 0);
+    int32_t *dv = up(vis, 4 * T);
+    /* pass 0: the default (rows over 8K positions split over a cluster of 2-8 blocks); pass 1: one block
+     * per row whatever S (V41_TOPK_NO_CLUSTER, read at every call: what a device without clusters runs;
+     * S = 70000 also takes its uncached path, the row's keys read from global memory) */
+    for (int pass = 0; pass < 2; pass++) {
+        if (pass) setenv("V41_TOPK_NO_CLUSTER", "1", 1);
+        int32_t *dout = dpoison(4 * (size_t)T * k);
+        uint8_t *dtie = dpoison(T);
+        ck_assert_int_eq(v41g_topk(dI, dv, T, S, k, dout, dtie, NULL), 0);
+        int32_t *got = down(dout, 4 * (size_t)T * k);
+        uint8_t *tie = down(dtie, T);
+        for (int t = 0; t < T; t++)
+            for (int j = 0; j < k; j++)
+                ck_assert_msg(got[(size_t)t * k + j] == want[(size_t)t * k + j], "pass %d row %d slot %d: got %d want %d",
+                              pass, t, j, got[(size_t)t * k + j], want[(size_t)t * k + j]);
+        /* ties of the heavy-tie rows with more visible keys than k straddle the cut */
+        for (int t = 0; t < T; t++) {
+            ck_assert_int_le(tie[t], 1);
+            if (t % 2 == 0 && vis[t] > 4 * k) ck_assert_int_eq(tie[t], 1);
+            if (vis[t] <= k && vis[t] < S) ck_assert_int_eq(tie[t], 0);
+        }
+        if (pass) unsetenv("V41_TOPK_NO_CLUSTER");
+        v41g_free(dout); v41g_free(dtie);
+        free(got); free(tie);
     }
-    v41g_free(dI); v41g_free(dv); v41g_free(dout); v41g_free(dtie);
-    free(I); free(vis); free(want); free(got); free(tie);
+    v41g_free(dI); v41g_free(dv);
+    free(I); free(vis); free(want);
 }
 END_TEST
 
