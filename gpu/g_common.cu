@@ -34,6 +34,11 @@ int g_num_sms(void)
     static int cache[16];
     return g_dev_attr(cudaDevAttrMultiProcessorCount, cache, 132);
 }
+int g_cc_major(void)
+{
+    static int cache[16];
+    return g_dev_attr(cudaDevAttrComputeCapabilityMajor, cache, 0);
+}
 int g_smem_optin(void)
 {
     static int cache[16];

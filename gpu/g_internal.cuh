@@ -23,8 +23,10 @@ static inline bool g_env_flag(const char *name)
 #define G_STREAM(s) ((cudaStream_t)(s))
 
 // Attributes of the current device, queried once per device (g_common.cu): the SM count (132 when
-// it cannot be read) and the opt-in shared memory per block (48 KiB when it cannot be read).
+// it cannot be read), the compute capability's major number (0 when it cannot be read) and the
+// opt-in shared memory per block (48 KiB when it cannot be read).
 int g_num_sms(void);
+int g_cc_major(void);
 int g_smem_optin(void);
 
 // Concurrent GEMMs (k_gemm.cu): y[M,N] = x[M,K].w[N,K]^T, bf16 out, on stream s with

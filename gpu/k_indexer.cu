@@ -543,16 +543,8 @@ static int tk_launch(const float *I, const int32_t *visible, int T, int S, int k
     return 0;
 }
 
-// clusters usable: a compute 9.0+ device, unless V41_TOPK_NO_CLUSTER is set
-static bool tk_clusters()
-{
-    int dev = 0, maj = 0;
-    if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&maj, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess) {
-        cudaGetLastError();
-        return false;
-    }
-    return maj >= 9 && !g_env_flag("V41_TOPK_NO_CLUSTER");
-}
+// clusters usable: a compute 9.0+ device (queried once per device), unless V41_TOPK_NO_CLUSTER is set
+static bool tk_clusters() { return g_cc_major() >= 9 && !g_env_flag("V41_TOPK_NO_CLUSTER"); }
 
 extern "C" int v41g_topk(const float *I, const int32_t *visible, int T, int S, int k, int32_t *out,
                          uint8_t *tie_cut, v41g_stream s)
