@@ -39,6 +39,7 @@ int g_cc_major(void)
     static int cache[16];
     return g_dev_attr(cudaDevAttrComputeCapabilityMajor, cache, 0);
 }
+bool g_pdl_ok(void) { return g_cc_major() >= 9 && !g_env_flag("V41_NO_PDL"); }
 int g_smem_optin(void)
 {
     static int cache[16];

@@ -6,6 +6,7 @@
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <utility>
 #include "v41_gpu.h"
 
 // A switch read from the environment (at every call): set, non-empty and not starting with '0'.
@@ -28,6 +29,43 @@ static inline bool g_env_flag(const char *name)
 int g_num_sms(void);
 int g_cc_major(void);
 int g_smem_optin(void);
+
+// Programmatic dependent launch (compute 9.0+). A kernel launched with g_launch_pdl may start while
+// the kernel before it in the stream is still running (from the moment every CTA of that kernel has
+// run g_pdl_trigger or exited); g_pdl_wait then blocks until that kernel has completed and its
+// memory is visible, so everything after the wait sees the earlier kernel's results. Without the
+// launch attribute (older devices, or a plain launch) the wait returns at once and the trigger does
+// nothing. This hides the launch and ramp of a short second kernel (a reduction of partials)
+// behind the end of the first.
+__device__ __forceinline__ void g_pdl_wait()
+{
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;\n" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void g_pdl_trigger()
+{
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.launch_dependents;\n");   /* a scheduling hint: orders no memory */
+#endif
+}
+bool g_pdl_ok(void);   /* compute 9.0+ and V41_NO_PDL unset (g_common.cu) */
+template <typename... KA, typename... A>
+static inline cudaError_t g_launch_pdl(void (*kern)(KA...), dim3 grid, dim3 block, size_t smem, cudaStream_t st,
+                                       A &&...args)
+{
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = grid;
+    cfg.blockDim = block;
+    cfg.dynamicSmemBytes = smem;
+    cfg.stream = st;
+    cudaLaunchAttribute at[1];
+    at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    at[0].val.programmaticStreamSerializationAllowed = 1;
+    cfg.attrs = at;
+    cfg.numAttrs = g_pdl_ok() ? 1 : 0;
+    return cudaLaunchKernelEx(&cfg, kern, std::forward<A>(args)...);
+}
 
 // Concurrent GEMMs (k_gemm.cu): y[M,N] = x[M,K].w[N,K]^T, bf16 out, on stream s with
 // side handle `side` (0..G_SIDE_STREAMS-1; -1 = the thread's main handle).

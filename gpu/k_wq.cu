@@ -42,6 +42,12 @@
 //    code * 2^(e-127) exactly (e > 128 takes a second multiply). 20 instructions per 8 elements.
 // Small M: the k range is split over CTAs (gridDim.z) when there are too few CTAs for the SMs;
 // each split writes fp32 partials and a second kernel sums them in split order (deterministic).
+// That kernel is a programmatic dependent launch (g_launch_pdl): it may start once every GEMM CTA
+// has left its k loop (the decode kernel: exited), and waits on the device for the GEMM to finish
+// (H200, session 14: 0.2-0.6 us less a call at 1 and 64 rows). Summing the splits in the GEMM
+// kernel instead (the last CTA of an output tile to arrive, by an atomic counter) was 2-8x slower:
+// its serial chain of partial loads cost more than the second launch (session 13; so was a
+// cluster reduction, session 12).
 // Grouped calls (MoE): CTA (n tile, group) walks its group's rows in BM-row tiles; the group
 // offsets are read on the device, so a call never waits for the host.
 #include "g_internal.cuh"
@@ -336,6 +342,7 @@ __global__ void __launch_bounds__(128) g_wq_mma_kernel(wq_args a)
             }
         }
         g_cp_wait<0>();
+        g_pdl_trigger();   // the split-K reduction may launch (it waits for this grid to finish)
         // acc[mt][j][e] = (weight row 16mt + g (+8 for e >= 2), activation row 8j + 2c (+1 for odd e))
 #pragma unroll
         for (int mt = 0; mt < 2; mt++)
@@ -463,6 +470,7 @@ __global__ void __launch_bounds__(256, BN <= 64 ? 2 : 1) g_wq_wgmma_kernel(wq_ar
             aw_fence_regs(acc);
         }
         g_cp_wait<0>();
+        g_pdl_trigger();   // the split-K reduction may launch (it waits for this grid to finish)
         // acc[4i + e] = (weight row rA (+8 for e >= 2), activation row 8i + 2c (+1 for odd e))
 #pragma unroll
         for (int i = 0; i < BN / 8; i++)
@@ -632,12 +640,15 @@ __global__ void __launch_bounds__(128, 4) g_wq_gemv_kernel(wq_args a)
                 const int n = C.n0 + warp * 32 + 16 * mt + g + (e >> 1) * 8, r = 2 * c + (e & 1);
                 if (n < a.N && r < mrows) wq_store(a, m0, r, n, acc[mt][e]);
             }
+        // (no g_pdl_trigger in this kernel: the reduction launches as its CTAs exit; with a trigger
+        // anywhere in it the fp4 instance, at its 128-register cap, spilled 12 bytes; session 13)
     }
 }
 
 // y = sum over splits (in split order) of the partials
 __global__ void g_wq_reduce_kernel(const float *__restrict__ part, int splits, size_t MN, void *y, int out_f32)
 {
+    g_pdl_wait();   // launched with g_launch_pdl: the partials are complete past this point
     const size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x;
     if (i >= MN) return;
     float v = part[i];
@@ -964,8 +975,9 @@ extern "C" int v41g_wq_gemm(const v41g_wq *W, const uint16_t *x, int M, void *y,
         rc = launch(W->fmt, BM, dim3((W->N + WQ_BN - 1) / WQ_BN, (M + BM - 1) / BM, sp), a, st, wg);
     if (rc || sp == 1) return rc;
     const size_t MN = (size_t)M * W->N;
-    g_wq_reduce_kernel<<<(unsigned)((MN + 255) / 256), 256, 0, st>>>(a.part, sp, MN, y, out_f32);
-    G_LAUNCHED();
+    // PDL: the reduction's launch overlaps the end of the GEMM (it waits for the partials on the device)
+    G_CHECK(g_launch_pdl(g_wq_reduce_kernel, dim3((unsigned)((MN + 255) / 256)), dim3(256), 0, st, (const float *)a.part,
+                         sp, MN, y, out_f32));
     return 0;
 }
 
