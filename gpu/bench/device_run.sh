@@ -21,6 +21,9 @@ if ls deps/*.deb >/dev/null 2>&1; then
   export PKG_CONFIG_PATH=$R/usr/lib/x86_64-linux-gnu/pkgconfig
   export LD_LIBRARY_PATH=$R/usr/lib/x86_64-linux-gnu:${LD_LIBRARY_PATH:-}
 fi
+# Debian's check.pc requires libsubunit: without libsubunit-dev and libsubunit0 in deps/ the
+# test programs are configured without Check and do not link
+pkg-config --exists check 2>/dev/null || echo "device_run.sh: pkg-config finds no Check (deps/ needs check, libsubunit-dev, libsubunit0): GPU test programs will not link" >&2
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu --format=csv > "$OUT/nvidia-smi.txt" 2>&1
 t0=$(date +%s)
 if [ ! -x build-dev/gpu/bench/v41_gpu_bench ] || [ "${REBUILD:-1}" = 1 ]; then
