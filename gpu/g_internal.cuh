@@ -50,21 +50,40 @@ __device__ __forceinline__ void g_pdl_trigger()
 #endif
 }
 bool g_pdl_ok(void);   /* compute 9.0+ and V41_NO_PDL unset (g_common.cu) */
+
+// A launch through cudaLaunchKernelEx with one launch attribute, or none (at == NULL: a plain launch).
 template <typename... KA, typename... A>
-static inline cudaError_t g_launch_pdl(void (*kern)(KA...), dim3 grid, dim3 block, size_t smem, cudaStream_t st,
-                                       A &&...args)
+static inline cudaError_t g_launch_ex(void (*kern)(KA...), dim3 grid, dim3 block, size_t smem, cudaStream_t st,
+                                      const cudaLaunchAttribute *at, A &&...args)
 {
     cudaLaunchConfig_t cfg = {};
     cfg.gridDim = grid;
     cfg.blockDim = block;
     cfg.dynamicSmemBytes = smem;
     cfg.stream = st;
-    cudaLaunchAttribute at[1];
-    at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    at[0].val.programmaticStreamSerializationAllowed = 1;
-    cfg.attrs = at;
-    cfg.numAttrs = g_pdl_ok() ? 1 : 0;
+    cfg.attrs = const_cast<cudaLaunchAttribute *>(at);
+    cfg.numAttrs = at ? 1 : 0;
     return cudaLaunchKernelEx(&cfg, kern, std::forward<A>(args)...);
+}
+// the attribute of a thread-block cluster launch of shape dim (compute 9.0+)
+static inline cudaLaunchAttribute g_attr_cluster(dim3 dim)
+{
+    cudaLaunchAttribute a = {};
+    a.id = cudaLaunchAttributeClusterDimension;
+    a.val.clusterDim.x = dim.x;
+    a.val.clusterDim.y = dim.y;
+    a.val.clusterDim.z = dim.z;
+    return a;
+}
+// a programmatic dependent launch where g_pdl_ok(), else a plain one
+template <typename... KA, typename... A>
+static inline cudaError_t g_launch_pdl(void (*kern)(KA...), dim3 grid, dim3 block, size_t smem, cudaStream_t st,
+                                       A &&...args)
+{
+    cudaLaunchAttribute a = {};
+    a.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    a.val.programmaticStreamSerializationAllowed = 1;
+    return g_launch_ex(kern, grid, block, smem, st, g_pdl_ok() ? &a : NULL, std::forward<A>(args)...);
 }
 
 // Concurrent GEMMs (k_gemm.cu): y[M,N] = x[M,K].w[N,K]^T, bf16 out, on stream s with

@@ -787,19 +787,9 @@ extern "C" int v41g_sparse_attn(const uint16_t *q, const uint16_t *kv_a, const u
         const size_t sm = aw_smem_bytes(cps);
         G_CHECK(cudaFuncSetAttribute(g_sparse_attn_wgmma_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sm));
         G_CHECK(cudaFuncSetAttribute(g_sparse_attn_wgmma_kernel, cudaFuncAttributePreferredSharedMemoryCarveout, 100));
-        cudaLaunchConfig_t cfg = {};
-        cfg.gridDim = dim3(T, tiles, NS);
-        cfg.blockDim = dim3(AW_THREADS);
-        cfg.dynamicSmemBytes = sm;
-        cfg.stream = st;
-        cudaLaunchAttribute at[1];
-        at[0].id = cudaLaunchAttributeClusterDimension;
-        at[0].val.clusterDim.x = 1;
-        at[0].val.clusterDim.y = 1;
-        at[0].val.clusterDim.z = (unsigned)NS;
-        cfg.attrs = at;
-        cfg.numAttrs = NS > 1 ? 1 : 0;
-        G_CHECK(cudaLaunchKernelEx(&cfg, g_sparse_attn_wgmma_kernel, q, kv_a, kv_b, idx, L, n_a, sink, scale, H, cps, o));
+        const cudaLaunchAttribute cl = g_attr_cluster(dim3(1, 1, (unsigned)NS));
+        G_CHECK(g_launch_ex(g_sparse_attn_wgmma_kernel, dim3(T, tiles, NS), dim3(AW_THREADS), sm, st, NS > 1 ? &cl : NULL,
+                            q, kv_a, kv_b, idx, L, n_a, sink, scale, H, cps, o));
         return 0;
     }
     float *part = NULL;

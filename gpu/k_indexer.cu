@@ -525,19 +525,9 @@ static int tk_launch(const float *I, const int32_t *visible, int T, int S, int k
     if constexpr (CL == 1) {
         g_topk_kernel<1><<<T, TK_THREADS, sm, st>>>(I, visible, S, k, chunk, cache, out, tie_cut);
     } else {
-        cudaLaunchConfig_t cfg = {};
-        cudaLaunchAttribute at[1];
-        at[0].id = cudaLaunchAttributeClusterDimension;
-        at[0].val.clusterDim.x = CL;
-        at[0].val.clusterDim.y = 1;
-        at[0].val.clusterDim.z = 1;
-        cfg.gridDim = dim3((unsigned)(T * CL));
-        cfg.blockDim = dim3(TK_THREADS);
-        cfg.dynamicSmemBytes = sm;
-        cfg.stream = st;
-        cfg.attrs = at;
-        cfg.numAttrs = 1;
-        G_CHECK(cudaLaunchKernelEx(&cfg, g_topk_kernel<CL>, I, visible, S, k, chunk, cache, out, tie_cut));
+        const cudaLaunchAttribute cl = g_attr_cluster(dim3(CL, 1, 1));
+        G_CHECK(g_launch_ex(g_topk_kernel<CL>, dim3((unsigned)(T * CL)), dim3(TK_THREADS), sm, st, &cl, I, visible, S, k,
+                            chunk, cache, out, tie_cut));
     }
     G_LAUNCHED();
     return 0;

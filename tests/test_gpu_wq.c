@@ -254,7 +254,7 @@ static void check_same(const char *what, const void *a, const void *b, size_t by
 /* ------------------------------------------------------------ v41g_wq_gemm */
 typedef struct { int M, N, K; } gm_shape;
 /* M = 1 and M > 64; K = 32, 96 (K % 64 != 0), up to 2048; N = 1, 31, 129, 300 (not multiples of
- * 8, 16 or 128) and 128. M = 12 and 40 (K % 256 == 0) run the tiled kernel with a partial m tile */
+ * 8, 16 or 128) and 128. M = 12 and 40: partial 16- and 64-row m tiles of the tiled kernels */
 static const gm_shape gm_shapes[] = {{1, 128, 512}, {3, 31, 96},   {8, 129, 64},  {17, 300, 2048}, {64, 1, 32},
                                      {130, 129, 96}, {1, 300, 2048}, {64, 128, 512}, {130, 31, 2048}, {17, 1, 512},
                                      {3, 300, 32},   {1, 31, 64},  {12, 129, 256}, {40, 300, 1024}};
