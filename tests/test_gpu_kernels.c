@@ -189,11 +189,13 @@ END_TEST
 
 /* ------------------------------------------------------------ mHC */
 /* {T, h, D}: the first four are the original cases (hD = 1024); then the decode shape (T = 64,
- * hD = 20480: a small T split over K into many slices), T >= 512 (the 256-row tiles: T = 600 at
- * hD = 20480, T = 4096 at hD = 1024, 16 tiles x several K slices), and h = 1, 2 with hD not a
- * multiple of the 64-column pipeline block (a zero-filled tail block) nor T of the row tile. */
-static const int hc_cases[][3] = {{1, 4, 256},  {5, 4, 256},    {37, 4, 256},  {300, 4, 256}, {64, 4, 5120},
-                                  {600, 4, 5120}, {4096, 4, 256}, {33, 2, 200}, {70, 1, 136},  {777, 2, 2056}};
+ * hD = 20480: a small T split over K into many slices), T >= 512 (the 128-row tiles and the packed
+ * tail: T = 600 at hD = 20480, T = 4096 at hD = 1024, 32 tiles x 4 K slices), and h = 1, 2 with hD
+ * not a multiple of the pipeline block (a zero-filled tail block) nor T of the row tile, below and
+ * above 512 rows. */
+static const int hc_cases[][3] = {{1, 4, 256},    {5, 4, 256},    {37, 4, 256}, {300, 4, 256},
+                                  {64, 4, 5120},  {600, 4, 5120}, {4096, 4, 256}, {33, 2, 200},
+                                  {70, 1, 136},   {777, 2, 2056}, {530, 1, 136}};
 START_TEST(test_hc)
 {
     int T = hc_cases[_i][0], h = hc_cases[_i][1], D = hc_cases[_i][2], NM = (2 + h) * h, hD = h * D;
