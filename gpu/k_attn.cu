@@ -397,7 +397,8 @@ __global__ void g_attn_merge_kernel(const float *__restrict__ part, const float 
 // distributed shared memory in rank order, exactly as g_attn_merge_kernel: M = max m_s,
 // l = sum l_s e^(m_s - M) (+ e^(sink - M)), o = bf16(sum O_s e^(m_s - M) / l), with 16-byte loads
 // and 8-byte coalesced stores; a second cluster barrier keeps every rank's shared memory alive
-// until all reads are done. With NS = 1 (no partials) aw_epilogue_1 normalises the registers
+// until all reads are done. NS = 2 (decode batches of 45-66 rows on 132 SMs) merges by column halves instead
+// (aw_epilogue_2: the same operations, pushed instead of pulled). With NS = 1 (no partials) aw_epilogue_1 normalises the registers
 // directly (e^0 = 1: the plain o = O / l, the same bits) and stores through a bf16 staging tile.
 // The numerics are those of the kernel above: chunks of 64 entries from index 0 of the list, running
 // max from -1e30, fp32 denominator of the unrounded p, bf16 P in the numerator, sink with the final
@@ -484,11 +485,110 @@ __device__ __forceinline__ void aw_epilogue_1(const float (&oacc)[128], float m0
     }
 }
 
+// Epilogue of a list split in two (NS = 2), by column halves: WG w of either rank holds O[:, 256w ..
+// 256w + 255]; rank z finalises the half z. After a cluster barrier (both ranks are done with their
+// loop), WG 1 - z pushes its O half into the partner's shared memory (the partner's WG 1 - z holds
+// the same fragment positions) and every WG pushes its row max and denominator to both ranks; after
+// a second cluster barrier WG z of rank z has everything in registers and local shared memory.
+// Same operations, in the same order, as the merge of the kernel's NS >= 2 path (the pull merge, which
+// V41_ATTN_MERGE_PULL=1 selects for NS = 2 too): M = max(-1e30, m_0, m_1), e_z = e^(m_z - M),
+// l = (0 + (l_0a + l_0b) e_0) + (l_1a + l_1b) e_1 (+ e^(sink - M)), o = bf16((0 + O_0 e_0 + O_1 e_1) / l),
+// so the output bits are those of the pull merge (tests/test_gpu_kernels compares them). Against the
+// pull merge it moves half the bytes (each rank's finalised half stays in registers) and has no
+// dependent chain of remote loads: decode batch 64 on the H200, 1-2 us less a call (session 16).
+// Layout (free after the loop): pushed O [32 float4][128 threads] at 0 (64 KB) and the bf16 staging
+// tile at 64 KB (64 rows x AW_SROW) in the Q + K space; m [2 ranks][64] and l [2 ranks][2 WGs][64]
+// from AW_OFF_X (Xmax, Mrow, Lw and the first list chunk: space only ever written by plain stores,
+// so no remote store lands where a cp.async of the partner wrote; racecheck reported one when m and
+// l sat in a key buffer, session 16).
+#define AE2_OFF_STG 65536u
+#define AE2_OFF_M AW_OFF_X
+#define AE2_OFF_L (AE2_OFF_M + 512u)
+static_assert(AE2_OFF_STG + 64u * AW_SROW <= AW_OFF_P && AE2_OFF_L + 1024u <= AW_OFF_LIST + AT_CK * 4,
+              "epilogue 2 layout (the list holds at least one chunk)");
+__device__ __forceinline__ void aw_st_cluster_v4(uint32_t a, float4 v)
+{
+    asm volatile("st.shared::cluster.v4.f32 [%0], {%1,%2,%3,%4};\n" ::"r"(a), "f"(v.x), "f"(v.y), "f"(v.z), "f"(v.w) : "memory");
+}
+__device__ __forceinline__ void aw_st_cluster(uint32_t a, float v)
+{
+    asm volatile("st.shared::cluster.f32 [%0], %1;\n" ::"r"(a), "f"(v) : "memory");
+}
+__device__ __forceinline__ void aw_epilogue_2(const float (&oacc)[128], float m0, float m1, float l0, float l1,
+                                              uint32_t sbase, unsigned char *gbase, int h0, int H,
+                                              const float *__restrict__ sink, int t, int split, uint16_t *__restrict__ o)
+{
+    const int tid = threadIdx.x, lt = tid & 127, w4 = (tid >> 5) & 3, lane = tid & 31, g = lane >> 2, c4 = lane & 3;
+    const int wg = __shfl_sync(0xffffffffu, tid >> 7, 0);
+    const int r0 = 16 * w4 + g, r1 = r0 + 8;
+    const uint32_t peer = aw_mapa(sbase, (uint32_t)(1 - split));   /* the partner's shared window */
+    aw_cluster_sync();   // both ranks are done with their loop: the partner's Q + K space is free
+    if (c4 == 0) {       // m (identical in both WGs; WG 0 writes it) and this WG's l, to both ranks
+        const uint32_t om = AE2_OFF_M + 4u * (uint32_t)(split * 64), ol = AE2_OFF_L + 4u * (uint32_t)((split * 2 + wg) * 64);
+        for (int dst = 0; dst < 2; dst++) {
+            const uint32_t b = dst ? peer : sbase;
+            if (wg == 0) { aw_st_cluster(b + om + 4u * r0, m0); aw_st_cluster(b + om + 4u * r1, m1); }
+            aw_st_cluster(b + ol + 4u * r0, l0); aw_st_cluster(b + ol + 4u * r1, l1);
+        }
+    }
+    if (wg != split) {   // push this WG's O half to the partner, which finalises it
+#pragma unroll
+        for (int k = 0; k < 32; k++)
+            aw_st_cluster_v4(peer + (uint32_t)(k * 128 + lt) * 16u, make_float4(oacc[4 * k], oacc[4 * k + 1], oacc[4 * k + 2], oacc[4 * k + 3]));
+    }
+    aw_cluster_sync();   // every push landed (release / acquire)
+    unsigned char *stg = gbase + AE2_OFF_STG;
+    if (wg == split) {
+        const float *Ms = (const float *)(gbase + AE2_OFF_M), *Ls = (const float *)(gbase + AE2_OFF_L);
+        float e[2][2], inv[2];
+#pragma unroll
+        for (int rs = 0; rs < 2; rs++) {
+            const int r = rs ? r1 : r0;
+            float M = AT_NEG, l = 0.0f;
+            M = fmaxf(M, Ms[r]);
+            M = fmaxf(M, Ms[64 + r]);
+#pragma unroll
+            for (int z = 0; z < 2; z++) {
+                const float lz = Ls[(2 * z) * 64 + r] + Ls[(2 * z + 1) * 64 + r];
+                e[rs][z] = expf(Ms[z * 64 + r] - M);
+                l += lz * e[rs][z];
+            }
+            if (h0 + r < H && sink) l += expf(sink[h0 + r] - M);
+            inv[rs] = l > 0.0f ? 1.0f / l : 0.0f;
+        }
+        const float4 *Op = (const float4 *)gbase;
+#pragma unroll
+        for (int k = 0; k < 32; k++) {
+            const float4 pv = Op[k * 128 + lt];
+            const float pa[4] = {pv.x, pv.y, pv.z, pv.w};
+            float v[4];
+#pragma unroll
+            for (int j = 0; j < 4; j++) {
+                const int rs = j >> 1;
+                const float own = oacc[4 * k + j], oth = pa[j];
+                float a = 0.0f;
+                a += (split == 0 ? own : oth) * e[rs][0];
+                a += (split == 0 ? oth : own) * e[rs][1];
+                v[j] = a * inv[rs];
+            }
+            const uint32_t col = (uint32_t)(8 * k + 2 * c4);   /* within the half */
+            *(uint32_t *)(stg + (uint32_t)r0 * AW_SROW + col * 2u) = (uint32_t)g_f2bf(v[0]) | ((uint32_t)g_f2bf(v[1]) << 16);
+            *(uint32_t *)(stg + (uint32_t)r1 * AW_SROW + col * 2u) = (uint32_t)g_f2bf(v[2]) | ((uint32_t)g_f2bf(v[3]) << 16);
+        }
+    }
+    __syncthreads();   // the staging tile (this rank's half of every row) is complete
+    for (int it = tid; it < 64 * 32; it += AW_THREADS) {   /* 64 rows x 32 16-byte pieces of the half */
+        const int rr = it >> 5, ch = it & 31;
+        if (h0 + rr < H)
+            *(uint4 *)(o + ((size_t)t * H + h0 + rr) * 512 + split * 256 + ch * 8) = *(const uint4 *)(stg + (uint32_t)rr * AW_SROW + ch * 16u);
+    }
+}
+
 __global__ void __launch_bounds__(AW_THREADS, 1)
 g_sparse_attn_wgmma_kernel(const uint16_t *__restrict__ q, const uint16_t *__restrict__ kv_a,
                            const uint16_t *__restrict__ kv_b, const int32_t *__restrict__ idx, int L, int n_a,
                            const float *__restrict__ sink, float scale, int H, int chunks_per_split,
-                           uint16_t *__restrict__ o)
+                           uint16_t *__restrict__ o, int merge_pull)
 {
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
     constexpr int d = 512, MT = 64;
@@ -642,6 +742,10 @@ g_sparse_attn_wgmma_kernel(const uint16_t *__restrict__ q, const uint16_t *__res
         aw_epilogue_1(oacc, m0, m1, l0, l1, gbase, Lw, h0, H, sink, t, o);
         return;
     }
+    if (NS == 2 && !merge_pull) {
+        aw_epilogue_2(oacc, m0, m1, l0, l1, sbase, gbase, h0, H, sink, t, split, o);
+        return;
+    }
     // NS >= 2: this CTA's unnormalised O [64][AW_OST] fp32, its final max and both WGs' denominators
     float *Os = (float *)gbase;
 #pragma unroll
@@ -788,8 +892,11 @@ extern "C" int v41g_sparse_attn(const uint16_t *q, const uint16_t *kv_a, const u
         G_CHECK(cudaFuncSetAttribute(g_sparse_attn_wgmma_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sm));
         G_CHECK(cudaFuncSetAttribute(g_sparse_attn_wgmma_kernel, cudaFuncAttributePreferredSharedMemoryCarveout, 100));
         const cudaLaunchAttribute cl = g_attr_cluster(dim3(1, 1, (unsigned)NS));
+        // NS = 2 merges by column halves (aw_epilogue_2) unless V41_ATTN_MERGE_PULL=1 (read at every call:
+        // the tests compare the two merges bit for bit)
+        const int pull = g_env_flag("V41_ATTN_MERGE_PULL") ? 1 : 0;
         G_CHECK(g_launch_ex(g_sparse_attn_wgmma_kernel, dim3(T, tiles, NS), dim3(AW_THREADS), sm, st, NS > 1 ? &cl : NULL,
-                            q, kv_a, kv_b, idx, L, n_a, sink, scale, H, cps, o));
+                            q, kv_a, kv_b, idx, L, n_a, sink, scale, H, cps, o, pull));
         return 0;
     }
     float *part = NULL;

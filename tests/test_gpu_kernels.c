@@ -393,6 +393,44 @@ START_TEST(test_attn_sequence)
 }
 END_TEST
 
+/* 64 rows split in two (on sm_90a: clusters of 2, merged by column halves, aw_epilogue_2): the same
+ * bits as the general merge (V41_ATTN_MERGE_PULL=1, read at every call), and against the CPU; 64 heads
+ * with a sink, and 40 heads without (a partial head tile: rows past H are not stored). */
+START_TEST(test_attn_merge2)
+{
+    for (int c = 0; c < 2; c++) {
+        const attn_case base = {64, c ? 40 : 64, 512, 128, 512, 4096, 8192, 128, c ? 300 : 512, !c};
+        rng_seed(660 + c);
+        const int T = base.T, L = base.W + base.C, H = base.H, d = base.d;
+        const size_t n = (size_t)T * H * d;
+        uint16_t *q = rand_bf16(n, 1.0f), *ka = rand_bf16((size_t)base.nA * d, 1.0f), *kb = rand_bf16((size_t)base.nB * d, 1.0f);
+        float *sink = rand_f32(H, 2.0f);
+        int32_t *idx = make_list(&base, L);
+        const float scale = 1.0f / sqrtf((float)d) * 4.0f;
+        uint16_t *dq = up(q, 2 * n), *dka = up(ka, 2 * (size_t)base.nA * d), *dkb = up(kb, 2 * (size_t)base.nB * d);
+        int32_t *didx = up(idx, 4 * (size_t)T * L);
+        float *dsink = up(sink, 4 * H);
+        uint16_t *got[2];
+        for (int pull = 0; pull < 2; pull++) {
+            if (pull) setenv("V41_ATTN_MERGE_PULL", "1", 1);
+            uint16_t *dout = dpoison(2 * n);
+            ck_assert_int_eq(v41g_sparse_attn(dq, dka, dkb, didx, L, base.W, base.with_sink ? dsink : NULL, scale, T, H,
+                                              d, dout, NULL), 0);
+            got[pull] = down(dout, 2 * n);
+            v41g_free(dout);
+            if (pull) unsetenv("V41_ATTN_MERGE_PULL");
+        }
+        ck_assert_msg(!memcmp(got[0], got[1], 2 * n), "H=%d: the two merges differ", H);
+        uint16_t *o = malloc(2 * n);
+        cr_sparse_attn(q, ka, kb, idx, L, base.W, base.with_sink ? sink : NULL, scale, T, H, d, o);
+        check_bf16("sparse_attn merge2", got[0], o, n, 4e-3, BF_ULP);   /* tolerance as in test_attn_random */
+        free(o); free(got[0]); free(got[1]);
+        v41g_free(dq); v41g_free(dka); v41g_free(dkb); v41g_free(didx); v41g_free(dsink);
+        free(q); free(ka); free(kb); free(sink); free(idx);
+    }
+}
+END_TEST
+
 /* Constant K=V with padding: DSpark lists (W + B = 133 real keys padded to 256)
  * and a decode list with -1s at the front: the output must be exactly the
  * constant (padding has zero weight, all p = 1 exactly). Also: a row whose
@@ -606,6 +644,7 @@ static Suite *gpu_suite(void)
     tcase_add_loop_test(tc, test_attn_random, 0, (int)(sizeof attn_cases / sizeof attn_cases[0]));
     tcase_add_test(tc, test_attn_constant);
     tcase_add_test(tc, test_attn_sequence);
+    tcase_add_test(tc, test_attn_merge2);
     suite_add_tcase(s, tc);
     tc = tcase_create("indexer");
     tcase_set_timeout(tc, 120);
