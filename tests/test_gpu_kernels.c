@@ -316,32 +316,58 @@ static int32_t *make_list(const attn_case *c, int L)
     }
     return idx;
 }
+/* One attention problem of case c: its random inputs (drawn in this order) and their device copies */
+typedef struct {
+    int L;
+    size_t nq;
+    float scale;
+    uint16_t *q, *ka, *kb, *dq, *dka, *dkb;
+    float *sink, *dsink;
+    int32_t *idx, *didx;
+} attn_data;
+static attn_data attn_make(const attn_case *c)
+{
+    attn_data a;
+    a.L = c->W + c->C;
+    a.nq = (size_t)c->T * c->H * c->d;
+    a.q = rand_bf16(a.nq, 1.0f);
+    a.ka = rand_bf16((size_t)c->nA * c->d, 1.0f);
+    a.kb = rand_bf16((size_t)c->nB * c->d, 1.0f);
+    a.sink = rand_f32(c->H, 2.0f);
+    a.idx = make_list(c, a.L);
+    a.scale = 1.0f / sqrtf((float)c->d) * 4.0f;   /* sharper than d^-1/2 so the max matters */
+    a.dq = up(a.q, 2 * a.nq);
+    a.dka = up(a.ka, 2 * (size_t)c->nA * c->d);
+    a.dkb = up(a.kb, 2 * (size_t)c->nB * c->d);
+    a.didx = up(a.idx, 4 * (size_t)c->T * a.L);
+    a.dsink = up(a.sink, 4 * c->H);
+    return a;
+}
+static void attn_free(attn_data *a)
+{
+    v41g_free(a->dq); v41g_free(a->dka); v41g_free(a->dkb); v41g_free(a->didx); v41g_free(a->dsink);
+    free(a->q); free(a->ka); free(a->kb); free(a->sink); free(a->idx);
+}
 START_TEST(test_attn_random)
 {
     const attn_case *c = &attn_cases[_i];
     rng_seed(600 + _i);
-    int L = c->W + c->C;
-    size_t nq = (size_t)c->T * c->H * c->d;
-    uint16_t *q = rand_bf16(nq, 1.0f), *ka = rand_bf16((size_t)c->nA * c->d, 1.0f),
-             *kb = rand_bf16((size_t)c->nB * c->d, 1.0f), *o = malloc(2 * nq);
-    float *sink = rand_f32(c->H, 2.0f);
-    int32_t *idx = make_list(c, L);
-    float scale = 1.0f / sqrtf((float)c->d) * 4.0f;   /* sharper than d^-1/2 so the max matters */
-    cr_sparse_attn(q, ka, kb, idx, L, c->W, c->with_sink ? sink : NULL, scale, c->T, c->H, c->d, o);
-    uint16_t *dq = up(q, 2 * nq), *dka = up(ka, 2 * (size_t)c->nA * c->d), *dkb = up(kb, 2 * (size_t)c->nB * c->d);
+    attn_data a = attn_make(c);
+    const size_t nq = a.nq;
+    uint16_t *o = malloc(2 * nq);
+    cr_sparse_attn(a.q, a.ka, a.kb, a.idx, a.L, c->W, c->with_sink ? a.sink : NULL, a.scale, c->T, c->H, c->d, o);
     uint16_t *dout = dpoison(2 * nq);
-    int32_t *didx = up(idx, 4 * (size_t)c->T * L);
-    float *dsink = up(sink, 4 * c->H);
-    ck_assert_int_eq(v41g_sparse_attn(dq, dka, dkb, didx, L, c->W, c->with_sink ? dsink : NULL, scale, c->T, c->H,
-                                      c->d, dout, NULL), 0);
+    ck_assert_int_eq(v41g_sparse_attn(a.dq, a.dka, a.dkb, a.didx, a.L, c->W, c->with_sink ? a.dsink : NULL, a.scale, c->T,
+                                      c->H, c->d, dout, NULL), 0);
     uint16_t *g = down(dout, 2 * nq);
     /* Scores differ by fp32 summation order (tensor cores): |ds| <= d * 2^-24 * scale * sum|q k| ~ 1e-5;
      * exp() moves that into p, and bf16(p) can then flip by one ulp (2^-8 relative) for a few keys. The
      * output is a convex combination of values in [-1, 1] (up to the sink), so such flips move it by at
      * most 2^-8 * max|v| summed over the flipped fraction: 4e-3 absolute plus one bf16 ulp. */
     check_bf16("sparse_attn", g, o, nq, 4e-3, BF_ULP);
-    v41g_free(dq); v41g_free(dka); v41g_free(dkb); v41g_free(dout); v41g_free(didx); v41g_free(dsink);
-    free(q); free(ka); free(kb); free(o); free(sink); free(idx); free(g);
+    v41g_free(dout);
+    attn_free(&a);
+    free(o); free(g);
 }
 END_TEST
 
@@ -356,22 +382,14 @@ START_TEST(test_attn_sequence)
     enum { NSEQ = sizeof Ts / sizeof Ts[0], TMAX = 64 };
     const attn_case base = {TMAX, 64, 512, 128, 512, 4096, 8192, 128, 512, 1};
     rng_seed(650);
-    const int L = base.W + base.C, H = base.H, d = base.d;
-    const size_t nq = (size_t)TMAX * H * d;
-    uint16_t *q = rand_bf16(nq, 1.0f), *ka = rand_bf16((size_t)base.nA * d, 1.0f),
-             *kb = rand_bf16((size_t)base.nB * d, 1.0f);
-    float *sink = rand_f32(H, 2.0f);
-    int32_t *idx = make_list(&base, L);
-    const float scale = 1.0f / sqrtf((float)d) * 4.0f;
-    uint16_t *dq = up(q, 2 * nq), *dka = up(ka, 2 * (size_t)base.nA * d), *dkb = up(kb, 2 * (size_t)base.nB * d);
-    int32_t *didx = up(idx, 4 * (size_t)TMAX * L);
-    float *dsink = up(sink, 4 * H);
+    attn_data a = attn_make(&base);
+    const int L = a.L, H = base.H, d = base.d;
     uint16_t *first[TMAX + 1] = {NULL};
     for (int i = 0; i < NSEQ; i++) {
         const int T = Ts[i];
         const size_t n = (size_t)T * H * d;
         uint16_t *dout = dpoison(2 * n);
-        ck_assert_int_eq(v41g_sparse_attn(dq, dka, dkb, didx, L, base.W, dsink, scale, T, H, d, dout, NULL), 0);
+        ck_assert_int_eq(v41g_sparse_attn(a.dq, a.dka, a.dkb, a.didx, L, base.W, a.dsink, a.scale, T, H, d, dout, NULL), 0);
         uint16_t *g = down(dout, 2 * n);   /* (synchronises: a launch failure shows here) */
         v41g_free(dout);
         if (first[T]) {
@@ -380,7 +398,7 @@ START_TEST(test_attn_sequence)
             continue;
         }
         uint16_t *o = malloc(2 * n);
-        cr_sparse_attn(q, ka, kb, idx, L, base.W, sink, scale, T, H, d, o);
+        cr_sparse_attn(a.q, a.ka, a.kb, a.idx, L, base.W, a.sink, a.scale, T, H, d, o);
         char what[64];
         snprintf(what, sizeof what, "sparse_attn sequence T=%d (call %d)", T, i);
         check_bf16(what, g, o, n, 4e-3, BF_ULP);
@@ -388,8 +406,7 @@ START_TEST(test_attn_sequence)
         first[T] = g;
     }
     for (int t = 0; t <= TMAX; t++) free(first[t]);
-    v41g_free(dq); v41g_free(dka); v41g_free(dkb); v41g_free(didx); v41g_free(dsink);
-    free(q); free(ka); free(kb); free(sink); free(idx);
+    attn_free(&a);
 }
 END_TEST
 
@@ -401,32 +418,25 @@ START_TEST(test_attn_merge2)
     for (int c = 0; c < 2; c++) {
         const attn_case base = {64, c ? 40 : 64, 512, 128, 512, 4096, 8192, 128, c ? 300 : 512, !c};
         rng_seed(660 + c);
-        const int T = base.T, L = base.W + base.C, H = base.H, d = base.d;
-        const size_t n = (size_t)T * H * d;
-        uint16_t *q = rand_bf16(n, 1.0f), *ka = rand_bf16((size_t)base.nA * d, 1.0f), *kb = rand_bf16((size_t)base.nB * d, 1.0f);
-        float *sink = rand_f32(H, 2.0f);
-        int32_t *idx = make_list(&base, L);
-        const float scale = 1.0f / sqrtf((float)d) * 4.0f;
-        uint16_t *dq = up(q, 2 * n), *dka = up(ka, 2 * (size_t)base.nA * d), *dkb = up(kb, 2 * (size_t)base.nB * d);
-        int32_t *didx = up(idx, 4 * (size_t)T * L);
-        float *dsink = up(sink, 4 * H);
+        attn_data a = attn_make(&base);
+        const int T = base.T, H = base.H, d = base.d;
+        const size_t n = a.nq;
         uint16_t *got[2];
         for (int pull = 0; pull < 2; pull++) {
             if (pull) setenv("V41_ATTN_MERGE_PULL", "1", 1);
             uint16_t *dout = dpoison(2 * n);
-            ck_assert_int_eq(v41g_sparse_attn(dq, dka, dkb, didx, L, base.W, base.with_sink ? dsink : NULL, scale, T, H,
-                                              d, dout, NULL), 0);
+            ck_assert_int_eq(v41g_sparse_attn(a.dq, a.dka, a.dkb, a.didx, a.L, base.W, base.with_sink ? a.dsink : NULL,
+                                              a.scale, T, H, d, dout, NULL), 0);
             got[pull] = down(dout, 2 * n);
             v41g_free(dout);
             if (pull) unsetenv("V41_ATTN_MERGE_PULL");
         }
         ck_assert_msg(!memcmp(got[0], got[1], 2 * n), "H=%d: the two merges differ", H);
         uint16_t *o = malloc(2 * n);
-        cr_sparse_attn(q, ka, kb, idx, L, base.W, base.with_sink ? sink : NULL, scale, T, H, d, o);
+        cr_sparse_attn(a.q, a.ka, a.kb, a.idx, a.L, base.W, base.with_sink ? a.sink : NULL, a.scale, T, H, d, o);
         check_bf16("sparse_attn merge2", got[0], o, n, 4e-3, BF_ULP);   /* tolerance as in test_attn_random */
         free(o); free(got[0]); free(got[1]);
-        v41g_free(dq); v41g_free(dka); v41g_free(dkb); v41g_free(didx); v41g_free(dsink);
-        free(q); free(ka); free(kb); free(sink); free(idx);
+        attn_free(&a);
     }
 }
 END_TEST
