@@ -397,9 +397,10 @@ __global__ void g_attn_merge_kernel(const float *__restrict__ part, const float 
 // distributed shared memory in rank order, exactly as g_attn_merge_kernel: M = max m_s,
 // l = sum l_s e^(m_s - M) (+ e^(sink - M)), o = bf16(sum O_s e^(m_s - M) / l), with 16-byte loads
 // and 8-byte coalesced stores; a second cluster barrier keeps every rank's shared memory alive
-// until all reads are done. NS = 2 (decode batches of 45-66 rows on 132 SMs) merges by column halves instead
-// (aw_epilogue_2: the same operations, pushed instead of pulled). With NS = 1 (no partials) aw_epilogue_1 normalises the registers
-// directly (e^0 = 1: the plain o = O / l, the same bits) and stores through a bf16 staging tile.
+// until all reads are done. NS = 2 (decode batches of 45-66 rows on 132 SMs) merges by column
+// halves instead (aw_epilogue_2: the same operations, pushed instead of pulled). With NS = 1 (no
+// partials) aw_epilogue_1 normalises the registers directly (e^0 = 1: the plain o = O / l, the
+// same bits) and stores through a bf16 staging tile.
 // The numerics are those of the kernel above: chunks of 64 entries from index 0 of the list, running
 // max from -1e30, fp32 denominator of the unrounded p, bf16 P in the numerator, sink with the final
 // max; only the summation order of the dot products and of the row sums differs.
@@ -495,7 +496,7 @@ __device__ __forceinline__ void aw_epilogue_1(const float (&oacc)[128], float m0
 // l = (0 + (l_0a + l_0b) e_0) + (l_1a + l_1b) e_1 (+ e^(sink - M)), o = bf16((0 + O_0 e_0 + O_1 e_1) / l),
 // so the output bits are those of the pull merge (tests/test_gpu_kernels compares them). Against the
 // pull merge it moves half the bytes (each rank's finalised half stays in registers) and has no
-// dependent chain of remote loads: decode batch 64 on the H200, 1-2 us less a call (session 16).
+// dependent chain of remote loads: decode batch 64 on the H200, about 1.2 us less a call (session 16).
 // Layout (free after the loop): pushed O [32 float4][128 threads] at 0 (64 KB) and the bf16 staging
 // tile at 64 KB (64 rows x AW_SROW) in the Q + K space; m [2 ranks][64] and l [2 ranks][2 WGs][64]
 // from AW_OFF_X (Xmax, Mrow, Lw and the first list chunk: space only ever written by plain stores,
