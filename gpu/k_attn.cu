@@ -451,6 +451,18 @@ __device__ __forceinline__ void aw_cluster_sync()
 // 4096 rows 1259 -> 1167 us).
 #define AW_SROW 1040u
 static_assert(64u * AW_SROW <= AW_OFF_P, "the staging tile fits in Q + K");
+// the staging tile's 64 rows (PIECES 16-byte pieces each, from column col0 of the output rows) to
+// the output rows of token t that exist (heads h0 + r < H), one piece a thread at a time
+template <int PIECES>
+__device__ __forceinline__ void aw_store_staged(const unsigned char *stg, int col0, int h0, int H, int t,
+                                                uint16_t *__restrict__ o)
+{
+    for (int it = threadIdx.x; it < 64 * PIECES; it += AW_THREADS) {
+        const int rr = it / PIECES, ch = it % PIECES;
+        if (h0 + rr < H)
+            *(uint4 *)(o + ((size_t)t * H + h0 + rr) * 512 + col0 + ch * 8) = *(const uint4 *)(stg + (uint32_t)rr * AW_SROW + ch * 16u);
+    }
+}
 __device__ __forceinline__ void aw_epilogue_1(const float (&oacc)[128], float m0, float m1, float l0, float l1,
                                               unsigned char *gbase, float *Lw, int h0, int H,
                                               const float *__restrict__ sink, int t, uint16_t *__restrict__ o)
@@ -479,11 +491,7 @@ __device__ __forceinline__ void aw_epilogue_1(const float (&oacc)[128], float m0
                                                           ((uint32_t)g_f2bf(oacc[4 * i + 2 * rs + 1] * inv[rs]) << 16);
         }
     __syncthreads();   // the staging tile is complete
-    for (int it = tid; it < 64 * 64; it += AW_THREADS) {   /* 64 rows x 64 16-byte pieces */
-        const int rr = it >> 6, ch = it & 63;
-        if (h0 + rr < H)
-            *(uint4 *)(o + ((size_t)t * H + h0 + rr) * 512 + ch * 8) = *(const uint4 *)(stg + (uint32_t)rr * AW_SROW + ch * 16u);
-    }
+    aw_store_staged<64>(stg, 0, h0, H, t, o);   /* 64 rows x 64 16-byte pieces */
 }
 
 // Epilogue of a list split in two (NS = 2), by column halves: WG w of either rank holds O[:, 256w ..
@@ -578,11 +586,7 @@ __device__ __forceinline__ void aw_epilogue_2(const float (&oacc)[128], float m0
         }
     }
     __syncthreads();   // the staging tile (this rank's half of every row) is complete
-    for (int it = tid; it < 64 * 32; it += AW_THREADS) {   /* 64 rows x 32 16-byte pieces of the half */
-        const int rr = it >> 5, ch = it & 31;
-        if (h0 + rr < H)
-            *(uint4 *)(o + ((size_t)t * H + h0 + rr) * 512 + split * 256 + ch * 8) = *(const uint4 *)(stg + (uint32_t)rr * AW_SROW + ch * 16u);
-    }
+    aw_store_staged<32>(stg, split * 256, h0, H, t, o);   /* 64 rows x 32 16-byte pieces of the half */
 }
 
 __global__ void __launch_bounds__(AW_THREADS, 1)

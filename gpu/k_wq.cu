@@ -810,26 +810,39 @@ int per_sm(int fmt, int bm, bool wg)
 #undef WQ_O
 }
 
-// Split count of a dense call. The CTAs of one split run ceil(KT/sp) k tiles; with `slots` CTAs
-// resident at once the call takes about waves(sp) * ceil(KT/sp) tile steps, waves(sp) =
-// ceil(ctas * sp / slots). When the CTAs do not fill one wave, take the sp with the fewest steps
-// (the fewest splits on ties: each split adds partial traffic), at least 4 k tiles per split,
-// within ws.
+// Split count of a dense call: the CTAs of one split run k = ceil(KT/sp) k tiles, and a CTA takes
+// about the same time per k tile at 8..64 rows (wo_b at 64 rows, 3 splits of 43 k tiles: 40.6 us
+// on the H200; 6 or 8 pipeline stages instead of 4 did not shorten it, session 17), so the call
+// takes about k steps times the load of the busiest SM. With L = ceil(ctas * sp / SMs) CTAs an SM
+// and P of them resident at once, that load is floor(L/P) waves of P co-resident CTAs and one of
+// L % P; j co-resident CTAs take rho_j = 1 + 0.7 (j - 1) times one CTA's time (they share the SM
+// but hide each other's latency). Each split adds its fp32 partials (4 M N bytes, written and
+// summed by the second kernel): 0.5 step per MB. Take the cheapest sp (the fewest splits on ties),
+// at least 4 k tiles per split, the partials within ws. Fitted to split sweeps at 64 rows on the
+// H200 (session 17: the best split of each of the nine Flash Linears but wq_a, whose pick (12)
+// measured 0.8 us over the best (10) in one sweep). The former rule, waves of P CTAs an SM at no
+// cost for sharing the SM, picked 160 CTAs for idx_wq_b (k = 4, 12.6-12.7 us) where 128 (k = 5)
+// take 11.4. It still serves calls of more than 64 rows (several m tiles, larger partials: not
+// swept).
+double wq_rho(int j) { return j <= 0 ? 0.0 : 1.0 + 0.7 * (j - 1); }
 int split_for(const v41g_wq *W, int M, bool wg, size_t ws_bytes, int *kps)
 {
     const int BM = bm_for(M, wg), KT = (W->K + 63) / 64;
-    const long ctas = (long)((W->N + WQ_BN - 1) / WQ_BN) * ((M + BM - 1) / BM);
-    const long slots = (long)per_sm(W->fmt, BM, wg) * g_num_sms();
+    const long ctas = (long)((W->N + WQ_BN - 1) / WQ_BN) * ((M + BM - 1) / BM), sms = g_num_sms();
+    const long P = per_sm(W->fmt, BM, wg), slots = P * sms;
     const size_t per = sizeof(float) * (size_t)M * W->N;
     int sp = 1;
-    long best = -1;
+    double best = -1;
     // a full wave already: no split (partials would add 4*M*N bytes per split; measured 2x slower at M = 4096)
     for (int s = 1; s <= (ctas < slots ? std::max(1, KT / 4) : 1); s++) {
         if (s > 1 && per * s > ws_bytes) break;
         const int k = (KT + s - 1) / s;
         if ((KT + k - 1) / k != s) continue;   /* the same tiles per split as a smaller s */
-        const long cost = ((ctas * s + slots - 1) / slots) * k;
-        if (best < 0 || cost < best) { best = cost; sp = s; }
+        const long L = (ctas * s + sms - 1) / sms;
+        const double c = M > 64 ? (double)(((ctas * s + slots - 1) / slots) * k)
+                                : k * ((double)(L / P) * wq_rho((int)P) + wq_rho((int)(L % P))) +
+                                      (s > 1 ? 0.5 * (double)(per * s) / 1048576.0 : 0.0);
+        if (best < 0 || c < best) { best = c; sp = s; }
     }
     *kps = (KT + sp - 1) / sp;
     return (KT + *kps - 1) / *kps;
