@@ -463,6 +463,27 @@ __device__ __forceinline__ void aw_store_staged(const unsigned char *stg, int co
             *(uint4 *)(o + ((size_t)t * H + h0 + rr) * 512 + col0 + ch * 8) = *(const uint4 *)(stg + (uint32_t)rr * AW_SROW + ch * 16u);
     }
 }
+// The merge factors of one output row (head h) over its ns <= NSMAX list splits, the same operations
+// in the same order for every epilogue (so their bits agree): M = max(-1e30, m_0, .., m_ns-1),
+// e_z = e^(m_z - M), l = (0 + l_0 e_0) + l_1 e_1 + .. (+ e^(sink - M)); returns 1 / l (0 when l = 0).
+// m_of(z) and l_of(z) read split z's row max and denominator wherever the caller keeps them.
+template <int NSMAX, typename MOF, typename LOF>
+__device__ __forceinline__ float aw_row_factors(int ns, MOF m_of, LOF l_of, const float *__restrict__ sink, int h,
+                                                int H, float (&e)[NSMAX])
+{
+    float M = AT_NEG, l = 0.0f;
+#pragma unroll
+    for (int z = 0; z < NSMAX; z++)
+        if (z < ns) M = fmaxf(M, m_of(z));
+#pragma unroll
+    for (int z = 0; z < NSMAX; z++)
+        if (z < ns) {
+            e[z] = expf(m_of(z) - M);
+            l += l_of(z) * e[z];
+        }
+    if (h < H && sink) l += expf(sink[h] - M);
+    return l > 0.0f ? 1.0f / l : 0.0f;
+}
 __device__ __forceinline__ void aw_epilogue_1(const float (&oacc)[128], float m0, float m1, float l0, float l1,
                                               unsigned char *gbase, float *Lw, int h0, int H,
                                               const float *__restrict__ sink, int t, uint16_t *__restrict__ o)
@@ -475,11 +496,9 @@ __device__ __forceinline__ void aw_epilogue_1(const float (&oacc)[128], float m0
 #pragma unroll
     for (int rs = 0; rs < 2; rs++) {
         const int r = rs ? r1 : r0;
-        const float m = rs ? m1 : m0, M = fmaxf(AT_NEG, m), e = expf(m - M);
-        float l = 0.0f;
-        l += (Lw[r] + Lw[64 + r]) * e;
-        if (h0 + r < H && sink) l += expf(sink[h0 + r] - M);
-        inv[rs] = l > 0.0f ? 1.0f / l : 0.0f;
+        const float m = rs ? m1 : m0;
+        float e[1];
+        inv[rs] = aw_row_factors<1>(1, [&](int) { return m; }, [&](int) { return Lw[r] + Lw[64 + r]; }, sink, h0 + r, H, e);
     }
     unsigned char *stg = gbase;
 #pragma unroll
@@ -553,17 +572,9 @@ __device__ __forceinline__ void aw_epilogue_2(const float (&oacc)[128], float m0
 #pragma unroll
         for (int rs = 0; rs < 2; rs++) {
             const int r = rs ? r1 : r0;
-            float M = AT_NEG, l = 0.0f;
-            M = fmaxf(M, Ms[r]);
-            M = fmaxf(M, Ms[64 + r]);
-#pragma unroll
-            for (int z = 0; z < 2; z++) {
-                const float lz = Ls[(2 * z) * 64 + r] + Ls[(2 * z + 1) * 64 + r];
-                e[rs][z] = expf(Ms[z * 64 + r] - M);
-                l += lz * e[rs][z];
-            }
-            if (h0 + r < H && sink) l += expf(sink[h0 + r] - M);
-            inv[rs] = l > 0.0f ? 1.0f / l : 0.0f;
+            inv[rs] = aw_row_factors<2>(
+                2, [&](int z) { return Ms[z * 64 + r]; },
+                [&](int z) { return Ls[(2 * z) * 64 + r] + Ls[(2 * z + 1) * 64 + r]; }, sink, h0 + r, H, e[rs]);
         }
         const float4 *Op = (const float4 *)gbase;
 #pragma unroll
@@ -773,23 +784,17 @@ g_sparse_attn_wgmma_kernel(const uint16_t *__restrict__ q, const uint16_t *__res
     auto rb = [&](int z) { return aw_mapa(sbase, (uint32_t)z); };   /* rank z's shared window */
     if (tid < MT && tid % NS == split) {
         const int r = tid;
-        float ms[AW_MAX_NS], M = AT_NEG, l = 0.0f;
+        float ms[AW_MAX_NS], e[AW_MAX_NS];
 #pragma unroll
         for (int z = 0; z < AW_MAX_NS; z++)
-            if (z < NS) {
-                ms[z] = aw_ld_cluster(rb(z) + (sM - sbase) + 4 * r);
-                M = fmaxf(M, ms[z]);
-            }
+            if (z < NS) ms[z] = aw_ld_cluster(rb(z) + (sM - sbase) + 4 * r);   /* one remote load each */
+        Inv[r] = aw_row_factors<AW_MAX_NS>(
+            NS, [&](int z) { return ms[z]; },
+            [&](int z) { return aw_ld_cluster(rb(z) + (sL - sbase) + 4 * r) + aw_ld_cluster(rb(z) + (sL - sbase) + 256 + 4 * r); },
+            sink, h0 + r, H, e);
 #pragma unroll
         for (int z = 0; z < AW_MAX_NS; z++)
-            if (z < NS) {
-                const float lz = aw_ld_cluster(rb(z) + (sL - sbase) + 4 * r) + aw_ld_cluster(rb(z) + (sL - sbase) + 256 + 4 * r);
-                const float e = expf(ms[z] - M);
-                Fac[r * AW_MAX_NS + z] = e;
-                l += lz * e;
-            }
-        if (h0 + r < H && sink) l += expf(sink[h0 + r] - M);
-        Inv[r] = l > 0.0f ? 1.0f / l : 0.0f;
+            if (z < NS) Fac[r * AW_MAX_NS + z] = e[z];
     }
     __syncthreads();   // Fac, Inv
     const int nrow = (MT - split + NS - 1) / NS, items = nrow * (d / 4);
