@@ -88,15 +88,33 @@ __host__ __device__ constexpr int wq_pos_of(int k)
     return 16 * ((k & 7) >> 1) + 4 * (k >> 4) + 2 * ((k >> 3) & 1) + (k & 1);
 }
 
+// prmt.b32 of u and 0 with selector sel in PTX's generic mode: a selector nibble with bit 3 set
+// gives the sign of the selected byte replicated over the byte (0xFF or 0x00)
+__device__ __forceinline__ uint32_t wq_prmt(uint32_t u, uint32_t sel)
+{
+    uint32_t d;
+    asm("prmt.b32 %0, %1, 0, %2;" : "=r"(d) : "r"(u), "r"(sel));
+    return d;
+}
+template <uint32_t SEL> __device__ __forceinline__ uint32_t wq_prmt(uint32_t u)   /* immediate selector */
+{
+    uint32_t d;
+    asm("prmt.b32 %0, %1, 0, %2;" : "=r"(d) : "r"(u), "n"(SEL));
+    return d;
+}
+// bytes 2h, 2h + 1 of u as two 16-bit lanes [byte, its sign replicated] (see wq_fp8_lanes)
+#define WQ_SEL_FP8(h) ((h) ? 0xB3A2u : 0x9180u)
+// the lanes of wq_prmt(u, WQ_SEL_FP8(h)) as e4m3 -> bf16 bit patterns: the 7 magnitude bits shift
+// to bf16 bits 4..10, the replicated sign to bit 15 (a shift and one mask: the byte's own sign bit,
+// now at bit 11, and the spill into the next lane fall outside 0x87F0)
+__device__ __forceinline__ uint32_t wq_fp8_lanes(uint32_t x) { return (x & 0x087F087Fu) << 4; }
 // 4 e4m3 codes (byte j = element j) times the bf16x2 scale mul = 2^(e-7): bf16x2 of elements 0,1
-// and 2,3. Each byte goes to the high byte of a 16-bit lane (sign at bit 15), its 7 magnitude bits
-// shift down by 4 to bf16 bits 4..10: the bf16 number code * 2^-120 exactly (a subnormal code
-// becomes a bf16 subnormal); the bf16x2 multiply then gives code * 2^(e-127) exactly.
+// and 2,3. Each code's magnitude bits go to bf16 bits 4..10 and its sign to bit 15: the bf16 number
+// code * 2^-120 exactly (a subnormal code becomes a bf16 subnormal); the bf16x2 multiply then gives
+// code * 2^(e-127) exactly.
 __device__ __forceinline__ void wq_cvt_fp8(uint32_t u, uint32_t mul, uint32_t &p01, uint32_t &p23)
 {
-    const uint32_t x01 = __byte_perm(u, 0u, 0x1404), x23 = __byte_perm(u, 0u, 0x3424);   /* [0,b0,0,b1], [0,b2,0,b3] */
-    uint32_t a = ((x01 & 0x7F007F00u) >> 4) | (x01 & 0x80008000u);
-    uint32_t b = ((x23 & 0x7F007F00u) >> 4) | (x23 & 0x80008000u);
+    uint32_t a = wq_fp8_lanes(wq_prmt<WQ_SEL_FP8(0)>(u)), b = wq_fp8_lanes(wq_prmt<WQ_SEL_FP8(1)>(u));
     __nv_bfloat162 m = *(__nv_bfloat162 *)&mul;
     __nv_bfloat162 ra = __hmul2(*(__nv_bfloat162 *)&a, m), rb = __hmul2(*(__nv_bfloat162 *)&b, m);
     p01 = *(uint32_t *)&ra;
@@ -691,11 +709,10 @@ __global__ void __launch_bounds__(WQ_DQ_THREADS) g_wq_dequant_kernel(v41g_wq W, 
     uint32_t v[4];
     if (FMT == V41G_WQ_FP8) {
         const uint32_t mul = wq_mul_fp8(__ldg(sc + (size_t)((W.r0 + n) >> 5) * ldsK + (k >> 5)));
-        const uint32_t sel = h ? 0x3424u : 0x1404u;   /* [0, byte 2h, 0, byte 2h + 1], as wq_cvt_fp8 */
+        const uint32_t sel = WQ_SEL_FP8(h);   /* bytes 2h, 2h + 1 with their signs, as wq_cvt_fp8 */
 #pragma unroll
         for (int c = 0; c < 4; c++) {
-            const uint32_t x = __byte_perm(wd[c], 0u, sel);
-            v[c] = wq_hmul2(((x & 0x7F007F00u) >> 4) | (x & 0x80008000u), mul);
+            v[c] = wq_hmul2(wq_fp8_lanes(wq_prmt(wd[c], sel)), mul);
         }
     } else {
         const uint32_t e = __ldg(sc + (size_t)n * ldsK + (k >> 5)), mul = wq_mul_fp4(e);
