@@ -10,7 +10,8 @@
 #    2^(e-128), each product rounded to bf16 as the hardware's bf16x2 multiply rounds it, equal
 #    the bf16 rounding of code * 2^(e-127) (what ref's fp32 product gives; the sign of zero too).
 # Mirrors the kernel's formulas; run it after changing either side. Exit 0 when all hold.
-import math, struct
+import math
+from bf16_model import bf16_val, bf16_round
 
 def col_of4(p):   # tile-row position p = 16c + 8w + j -> column
     return 16 * (2 * ((p >> 3) & 1) + ((p >> 1) & 1)) + 2 * (p >> 4) + ((p >> 2) & 1) + 8 * (p & 1)
@@ -32,24 +33,6 @@ for c in range(4):
             b, h = divmod(16 * c + 8 * w + j, 2)
             assert b == 8 * c + 4 * w + j // 2 and h == j % 2
 print("layout ok")
-
-def bf16_val(b):
-    return struct.unpack('<f', struct.pack('<I', (b & 0xFFFF) << 16))[0]
-
-def bf16_round(v):   # exact double -> nearest bf16 value (ties to even, subnormals, overflow to inf)
-    if v == 0 or math.isinf(v):
-        return v
-    a = abs(v)
-    ex = max(math.frexp(a)[1] - 1, -126)   # unbiased exponent, subnormal range clamped
-    quantum = 2.0 ** (ex - 7)
-    n = a / quantum
-    r = math.floor(n)
-    if n - r > 0.5 or (n - r == 0.5 and r % 2 == 1):
-        r += 1
-    out = r * quantum
-    if out >= 2.0 ** 128:
-        out = math.inf
-    return math.copysign(out, v)
 
 E2M1 = [0.0, .5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0]
 def mul_fp4(e): return 2.0 ** (min(e, 128) - 1)

@@ -9,7 +9,8 @@
 #    times the multiplier 2^(e-7) for every scale byte e in [10, 134] (the range the engine keeps
 #    packed) it is code * 2^(e-127) exactly, so the bf16x2 multiply does not round.
 # Mirrors the kernel's formulas; run it after changing either side. Exit 0 when all hold.
-import math, struct
+import math
+from bf16_model import bf16_val, bf16_round
 
 def prmt(a, sel):   # prmt.b32 d, a, 0, sel (generic mode): nibble bit 3 replicates the byte's sign
     src = [(a >> (8 * i)) & 0xFF for i in range(4)] + [0, 0, 0, 0]
@@ -27,24 +28,6 @@ def lanes(x): return ((x & 0x087F087F) << 4) & 0xFFFFFFFF
 def old_lanes(u, h):
     x = prmt(u, 0x3424 if h else 0x1404)   # [0, byte 2h, 0, byte 2h + 1]
     return ((x & 0x7F007F00) >> 4) | (x & 0x80008000)
-
-def bf16_val(b):
-    return struct.unpack('<f', struct.pack('<I', (b & 0xFFFF) << 16))[0]
-
-def bf16_round(v):   # exact double -> nearest bf16 value (ties to even, subnormals, overflow to inf)
-    if v == 0 or math.isinf(v):
-        return v
-    a = abs(v)
-    ex = max(math.frexp(a)[1] - 1, -126)   # unbiased exponent, subnormal range clamped
-    quantum = 2.0 ** (ex - 7)
-    n = a / quantum
-    r = math.floor(n)
-    if n - r > 0.5 or (n - r == 0.5 and r % 2 == 1):
-        r += 1
-    out = r * quantum
-    if out >= 2.0 ** 128:
-        out = math.inf
-    return math.copysign(out, v)
 
 def e4m3(b):   # e4m3fn value of a code byte (None for the NaN codes 0x7F, 0xFF)
     if b & 0x7F == 0x7F:
