@@ -89,17 +89,12 @@ __host__ __device__ constexpr int wq_pos_of(int k)
 }
 
 // prmt.b32 of u and 0 with selector sel in PTX's generic mode: a selector nibble with bit 3 set
-// gives the sign of the selected byte replicated over the byte (0xFF or 0x00)
+// gives the sign of the selected byte replicated over the byte (0xFF or 0x00). ptxas folds a
+// constant selector into the instruction (the same cubin as an immediate-operand form)
 __device__ __forceinline__ uint32_t wq_prmt(uint32_t u, uint32_t sel)
 {
     uint32_t d;
     asm("prmt.b32 %0, %1, 0, %2;" : "=r"(d) : "r"(u), "r"(sel));
-    return d;
-}
-template <uint32_t SEL> __device__ __forceinline__ uint32_t wq_prmt(uint32_t u)   /* immediate selector */
-{
-    uint32_t d;
-    asm("prmt.b32 %0, %1, 0, %2;" : "=r"(d) : "r"(u), "n"(SEL));
     return d;
 }
 // bytes 2h, 2h + 1 of u as two 16-bit lanes [byte, its sign replicated] (see wq_fp8_lanes)
@@ -114,7 +109,7 @@ __device__ __forceinline__ uint32_t wq_fp8_lanes(uint32_t x) { return (x & 0x087
 // code * 2^(e-127) exactly.
 __device__ __forceinline__ void wq_cvt_fp8(uint32_t u, uint32_t mul, uint32_t &p01, uint32_t &p23)
 {
-    uint32_t a = wq_fp8_lanes(wq_prmt<WQ_SEL_FP8(0)>(u)), b = wq_fp8_lanes(wq_prmt<WQ_SEL_FP8(1)>(u));
+    uint32_t a = wq_fp8_lanes(wq_prmt(u, WQ_SEL_FP8(0))), b = wq_fp8_lanes(wq_prmt(u, WQ_SEL_FP8(1)));
     __nv_bfloat162 m = *(__nv_bfloat162 *)&mul;
     __nv_bfloat162 ra = __hmul2(*(__nv_bfloat162 *)&a, m), rb = __hmul2(*(__nv_bfloat162 *)&b, m);
     p01 = *(uint32_t *)&ra;
