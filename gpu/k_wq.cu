@@ -286,7 +286,7 @@ template <int WT, int THREADS> __device__ __forceinline__ void wq_wload(uint32_t
 // odd e) of the m tile at m0. One pointer steps 8 rows an i; the other row parity and the +8
 // weight row are offsets from it. Per element a store and its predicate, where a 64-bit index
 // product per element (wq_store) took about 8 instructions: at 64 rows 992 instead of 1296 SASS
-// instructions in the fp8 kernel, 2-8 % faster on six of seven fp8 Linears (session 19).
+// instructions in the fp8 kernel; the fp8 Linears at 64 rows 1-5 % faster on the H200 (session 19).
 template <int BN, typename T, typename F>
 __device__ __forceinline__ void wq_store_tile(T *y0, const wq_args &a, int m0, int mrows, int n, int c,
                                               const float (&acc)[BN / 2], F cvt)
