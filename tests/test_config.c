@@ -3,6 +3,8 @@
 #include "v41_config.h"
 #include <check.h>
 #include <cjson/cJSON.h>
+#include <math.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -84,6 +86,32 @@ START_TEST(test_tiny_equals_oracle)
     ck_assert(v41_config_parse(s, strlen(s), &b, &err) == V41_OK);
     free(s);
     ck_assert(!memcmp(&a, &b, sizeof a));
+}
+END_TEST
+
+/* Serialisation keeps every double bit for bit. cJSON's own number printing rounds to 15 digits
+ * when that comes within a relative epsilon, which changed about one double in eight (fuzz_config
+ * found compress_rope_theta 4.8888888888888889e47 -> ...97e47). 2000 positive doubles over 600
+ * binary orders of magnitude from a fixed LCG, plus that value; each must parse back equal. */
+START_TEST(test_roundtrip_exact)
+{
+    v41_config a, b;
+    v41_err err = {0};
+    v41_config_tiny(&a);
+    uint64_t x = 0x9E3779B97F4A7C15ull;
+    for (int i = 0; i <= 2000; i++) {
+        x = x * 6364136223846793005ull + 1442695040888963407ull;
+        double v = i == 0 ? strtod("4.8888888888888889e47", NULL)
+                          : ldexp(1.0 + (double)(x >> 11) / 9007199254740992.0, (int)((x >> 3) % 600) - 300);
+        a.compress_rope_theta = v;
+        ck_assert_int_eq(v41_config_validate(&a, &err), V41_OK);
+        char *s = v41_config_to_json(&a);
+        ck_assert_ptr_nonnull(s);
+        ck_assert_msg(v41_config_parse(s, strlen(s), &b, &err) == V41_OK, "%s", err.msg);
+        free(s);
+        ck_assert_msg(b.compress_rope_theta == v, "compress_rope_theta %.17g came back as %.17g", v, b.compress_rope_theta);
+        ck_assert(!memcmp(&a, &b, sizeof a));
+    }
 }
 END_TEST
 
@@ -313,6 +341,7 @@ int main(void)
     TCase *tc = tcase_create("config");
     tcase_add_test(tc, test_tiny_equals_oracle);
     tcase_add_test(tc, test_schedule);
+    tcase_add_test(tc, test_roundtrip_exact);
     tcase_add_test(tc, test_released_flash);
     tcase_add_test(tc, test_hf_form);
     tcase_add_test(tc, test_errors_name_key);
