@@ -38,23 +38,26 @@ def e4m3(b):   # e4m3fn value of a code byte (None for the NaN codes 0x7F, 0xFF)
 
 checked = 0
 for b in range(256):
+    v = e4m3(b)
     for pos in range(4):
         for fill in (0x00000000, 0xFFFFFFFF, 0x5A3C96E1):   # the other bytes must not leak in
             u = (fill & ~(0xFF << (8 * pos)) | (b << (8 * pos))) & 0xFFFFFFFF
             h, half = pos >> 1, pos & 1
             got = lanes(prmt(u, SEL[h]))
             assert got == old_lanes(u, h), (b, pos, hex(fill))
-            lane = (got >> (16 * half)) & 0xFFFF
-            v = e4m3(b)
             if v is None:
                 continue
-            x = bf16_val(lane)
+            x = bf16_val((got >> (16 * half)) & 0xFFFF)
             assert x == v * 2.0 ** -120 and math.copysign(1, x) == math.copysign(1, v), (b, pos, x, v)
-            for e in range(10, 135):
-                mul = bf16_val((min(e, 134) + 120) << 7)   # wq_mul_fp8's bf16 bits
-                assert mul == 2.0 ** (e - 7), e
-                got_v = bf16_round(x * mul)   # the bf16x2 multiply: exact product, rounded once
-                want = v * 2.0 ** (e - 127)
-                assert got_v == want and math.copysign(1, got_v) == math.copysign(1, want), (b, e, got_v, want)
-                checked += 1
+    if v is None:
+        continue
+    # the lane is the same number at every position (asserted above): the scales once per code
+    x = v * 2.0 ** -120
+    for e in range(10, 135):
+        mul = bf16_val((min(e, 134) + 120) << 7)   # wq_mul_fp8's bf16 bits
+        assert mul == 2.0 ** (e - 7), e
+        got_v = bf16_round(x * mul)   # the bf16x2 multiply: exact product, rounded once
+        want = v * 2.0 ** (e - 127)
+        assert got_v == want and math.copysign(1, got_v) == math.copysign(1, want), (b, e, got_v, want)
+        checked += 1
 print("fp8 lanes ok (%d code x scale pairs)" % checked)
