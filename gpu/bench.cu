@@ -486,6 +486,8 @@ void wq(bench &B, bool quick, const char *match)
         uint16_t *x = (uint16_t *)B.alloc((size_t)4096 * 8192 * 2), *y = (uint16_t *)B.alloc((size_t)4096 * 32768 * 2);
         uint16_t *wb = NULL;   // bf16 weights for cuBLAS, only when the gemm section did not run
         uint16_t *wd = NULL;   // the engine's dequantized-weight scratch (M >= V41G_WQ_DEQUANT_ROWS)
+        uint8_t *x8 = NULL;    // the fp8 MMA path's input codes and scales (v41g_act_quant_f8)
+        float *xs = NULL;
         fill_bytes(B, codes, wmax, 50, FP8_CODES);
         fill_scales(B, scales, smax);
         v41g_fill_bf16(x, (size_t)4096 * 8192, 51, 1.0f, B.st);
@@ -524,7 +526,10 @@ void wq(bench &B, bool quick, const char *match)
                 // the weight dequantized to a bf16 scratch, then the cuBLAS bf16 GEMM
                 const bool want_k = !skip_rec(match, nm),
                            want_d = M >= V41G_WQ_DEQUANT_ROWS && !skip_rec(match, nm + "_deq_cublas");
-                if (!want_k && !want_d) continue;
+                // the fp8 MMA path (gpu/k_wq_f8.cu) from 128 rows: the GEMM alone (its input codes
+                // and scales prepared), and with the quantization of the bf16 input (what the engine runs)
+                const bool want_f = f8 && M >= 128 && !skip_rec(match, nm + "_f8mma") && v41g_wq_f8_ok(&W);
+                if (!want_k && !want_d && !want_f) continue;
                 double tc = find_op(B, "gemm", "", fmt("{\"M\":%d,\"N\":%d,\"K\":%d,\"batch\":1}", M, s.N, s.K));
                 if (tc < 0) {
                     if (!wb) {
@@ -540,6 +545,33 @@ void wq(bench &B, bool quick, const char *match)
                           fmt("{\"M\":%d,\"N\":%d,\"K\":%d,\"weights\":\"%s\",\"ws_bytes\":%zu,\"vs_cublas_bf16\":%.4g,"
                               "\"cublas_bf16_s\":%.6g}", M, s.N, s.K, f8 ? "fp8" : "fp4", wsb, t / tc, tc),
                           2.0 * M * s.N * s.K, wby + 2.0 * M * s.K + 2.0 * M * s.N, t);
+                }
+                if (want_f) {
+                    const int ldm = (M + 3) / 4 * 4;
+                    if (!x8) {
+                        x8 = (uint8_t *)B.alloc((size_t)4096 * 8192);
+                        xs = (float *)B.alloc(sizeof(float) * 4096 * (8192 / 32));
+                    }
+                    if (v41g_act_quant_f8(x, M, s.K, x8, xs, ldm, B.st)) {
+                        fprintf(stderr, "v41 bench gpu: v41g_act_quant_f8 failed\n");
+                        exit(1);
+                    }
+                    double tf = B.time([&] { return v41g_wq_gemm_f8(&W, x8, xs, ldm, M, y, 0, B.st); });
+                    double tq = B.time([&] {
+                        int r = v41g_act_quant_f8(x, M, s.K, x8, xs, ldm, B.st);
+                        return r ? r : v41g_wq_gemm_f8(&W, x8, xs, ldm, M, y, 0, B.st);
+                    });
+                    // bytes: codes + scales, fp8 activations and their fp32 scales in, bf16 out
+                    // (with the quantization: + the bf16 input read and the codes and scales written)
+                    const double ab = (double)M * s.K + 4.0 * M * (s.K / 32);
+                    B.rec("wq", nm + "_f8mma",
+                          fmt("{\"M\":%d,\"N\":%d,\"K\":%d,\"weights\":\"fp8\",\"path\":\"fp8 mma\",\"vs_cublas_bf16\":%.4g,"
+                              "\"cublas_bf16_s\":%.6g}", M, s.N, s.K, tf / tc, tc),
+                          2.0 * M * s.N * s.K, wby + ab + 2.0 * M * s.N, tf);
+                    B.rec("wq", nm + "_f8mma_q",
+                          fmt("{\"M\":%d,\"N\":%d,\"K\":%d,\"weights\":\"fp8\",\"path\":\"act_quant_f8+fp8 mma\","
+                              "\"vs_cublas_bf16\":%.4g,\"cublas_bf16_s\":%.6g}", M, s.N, s.K, tq / tc, tc),
+                          2.0 * M * s.N * s.K, wby + 2.0 * ab + 2.0 * M * s.K + 2.0 * M * s.N, tq);
                 }
                 // bytes: codes + scales read, bf16 weight written and read back, activations in and out
                 if (want_d) {

@@ -151,7 +151,7 @@ int cuda_err(cudaError_t ce, const char *what, v41_err *err)
 int gh_wq_linear(const v41g_wq *q, const uint16_t *x, int M, void *y, bool f32, gh_ctx *g, v41g_stream st)
 {
     v41_err e = {};
-    if (M >= V41G_WQ_DEQUANT_ROWS) {
+    if (M >= V41G_WQ_DEQUANT_ROWS && !v41g_wq_f8_active(q)) {
         if (grow(&g->dwd, &g->cwd, 2 * (size_t)q->N * q->K, &e)) return (int)cudaErrorMemoryAllocation;
         int kr = v41g_wq_dequant(q, 0, (uint16_t *)g->dwd, st);
         return kr ? kr : v41g_gemm_bf16(x, (const uint16_t *)g->dwd, y, M, q->N, q->K, f32 ? 1 : 0, 1, 0, 0, 0, st);

@@ -996,9 +996,38 @@ extern "C" int v41g_wq_tile(int fmt, int N, int K, const uint8_t *codes, uint8_t
     return 0;
 }
 
+extern "C" int v41g_wq_f8_active(const v41g_wq *W) { return g_env_flag("V41_WQ_F8MMA") && v41g_wq_f8_ok(W); }
+
+namespace {
+// V41_WQ_F8MMA=1: dense calls of fp8 Linears that v41g_wq_f8_ok accepts run as fp8 MMAs
+// (k_wq_f8.cu), their input re-quantized into the workspace: codes (M K bytes, rounded up to 16)
+// and scales (4 ldm K/32 bytes), 32 bytes of slack for aligning the start
+size_t f8_ws(const v41g_wq *W, int M)
+{
+    return ((size_t)M * W->K + 15) / 16 * 16 + 4 * (size_t)((M + 3) / 4 * 4) * (W->K / 32) + 32;
+}
+// the f8 path of a dense call (V41_WQ_F8MMA): 1 and *rc set when it ran; 0 when the workspace is
+// too small for it (the caller then runs the bf16 kernels)
+bool f8_call(const v41g_wq *W, const uint16_t *x, int M, void *y, int out_f32, void *ws, size_t ws_bytes, cudaStream_t st,
+             int *rc)
+{
+    if (!ws || ws_bytes < f8_ws(W, M)) return false;
+    const uintptr_t b = ((uintptr_t)ws + 15) & ~(uintptr_t)15;
+    uint8_t *x8 = (uint8_t *)b;
+    float *xs = (float *)(b + ((size_t)M * W->K + 15) / 16 * 16);
+    const int ldm = (M + 3) / 4 * 4;
+    // x is the act_quant'ed input: quantizing it again gives codes and scales whose products are
+    // the same values (k_wq_f8.cu), so the call computes the same products as the bf16 kernels
+    *rc = v41g_act_quant_f8(x, M, W->K, x8, xs, ldm, st);
+    if (!*rc) *rc = v41g_wq_gemm_f8(W, x8, xs, ldm, M, y, out_f32, st);
+    return true;
+}
+}  // namespace
+
 extern "C" size_t v41g_wq_ws_bytes(const v41g_wq *W, int M)
 {
     if (!wq_valid(W) || M <= 0) return 0;
+    if (v41g_wq_f8_active(W)) return f8_ws(W, M);
     bool gv;
     int kps, sp = plan(W, M, use_wgmma(), (size_t)-1, &kps, &gv);
     return sp > 1 ? sizeof(float) * (size_t)sp * M * W->N : 0;
@@ -1010,6 +1039,8 @@ extern "C" int v41g_wq_gemm(const v41g_wq *W, const uint16_t *x, int M, void *y,
     if (!wq_valid(W) || M < 0 || ((uintptr_t)x % 16)) return (int)cudaErrorInvalidValue;
     if (M == 0) return 0;
     cudaStream_t st = G_STREAM(s);
+    int frc;
+    if (v41g_wq_f8_active(W) && f8_call(W, x, M, y, out_f32, ws, ws ? ws_bytes : 0, st, &frc)) return frc;
     const bool wg = use_wgmma();
     const int BM = bm_for(M, wg);
     wq_args a = args_of(W, x, M, y, out_f32);

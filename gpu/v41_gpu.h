@@ -161,6 +161,22 @@ int v41g_wq_gemm_grouped(const v41g_wq *W, int G, const int32_t *off, const int3
                          int M_total, void *y, int out_f32, v41g_stream s);
 /* Dequantize group g of W to bf16 out[N][K] (16-byte aligned; large-M callers then use cuBLAS). */
 int v41g_wq_dequant(const v41g_wq *W, int g, uint16_t *out, v41g_stream s);
+/* fp8 x fp8 tensor-core path (gpu/k_wq_f8.cu, sm_90a; large M): y[M,N] of an fp8 Linear from
+ * the input's act_quant codes and scales as v41g_act_quant_f8 writes them (codes [M][K], each
+ * 32-column block in the GEMM's column order; fp32 scales [K/32][ldm], ldm = rows rounded up to
+ * a multiple of 4). One fp8 MMA per 32-column scale block, promoted to fp32 block after block:
+ * the SPEC's sum, except that the tensor cores add the 32 products of a block with a
+ * reduced-precision accumulator (see k_wq_f8.cu for the bound). v41g_wq_f8_ok: W is fp8, N even,
+ * K % 64 == 0, r0 % 32 == 0, and the device runs the sm_90a build. Dense calls only. */
+int v41g_wq_f8_ok(const v41g_wq *W);
+/* V41_WQ_F8MMA=1 (read at every call) and v41g_wq_f8_ok(W): v41g_wq_gemm runs W's dense calls
+ * through this path (v41g_wq_ws_bytes then includes room for the re-quantized input; a call
+ * given less workspace runs the bf16 kernels), and the engines send every such Linear there
+ * (the hybrid path too for M >= V41G_WQ_DEQUANT_ROWS, instead of dequantize + cuBLAS). */
+int v41g_wq_f8_active(const v41g_wq *W);
+int v41g_act_quant_f8(const uint16_t *x, int rows, int K, uint8_t *x8, float *xs, int ldm, v41g_stream s);
+int v41g_wq_gemm_f8(const v41g_wq *W, const uint8_t *x8, const float *xs, int ldm, int M, void *y, int out_f32,
+                    v41g_stream s);
 
 /* ---- MoE (SPEC §8) ----
  * Gate: scores from fp32 logits[T,E]: sqrt(softplus(l/temp)) (score_func 0),

@@ -638,6 +638,223 @@ START_TEST(test_moe)
 }
 END_TEST
 
+/* ------------------------------------------------------------ fp8 MMA path (v41g_wq_gemm_f8) */
+/* column of block byte l in the GEMM's order (gpu/k_wq_f8.cu): l = 8c + 4s + j */
+static int f8_sigma(int l) { return 16 * ((l >> 2) & 1) + 2 * (l >> 3) + (l & 1) + 8 * ((l >> 1) & 1); }
+static int f8_ldm(int M) { return (M + 3) / 4 * 4; }
+/* the act_quant'ed x as ref computes it (v41_act_quant on the fp32 row) */
+static float *f8_xq(const uint16_t *x, int M, int K)
+{
+    float *q = malloc(sizeof(float) * (size_t)M * K + 4);
+    for (size_t i = 0; i < (size_t)M * K; i++) q[i] = v41_bf16_to_f32(x[i]);
+    for (int m = 0; m < M; m++) v41_act_quant(q + (size_t)m * K, (size_t)K, 32, NULL);
+    return q;
+}
+/* quantize x on the device (v41g_act_quant_f8) into new buffers */
+static void f8_quant(const uint16_t *dx, int M, int K, uint8_t **dx8, float **dxs)
+{
+    *dx8 = dpoison((size_t)M * K + 16);
+    *dxs = dpoison(sizeof(float) * (size_t)f8_ldm(M) * (K / 32) + 16);
+    ck_assert_int_eq(v41g_act_quant_f8(dx, M, K, *dx8, *dxs, f8_ldm(M), NULL), 0);
+}
+
+/* v41g_act_quant_f8: code(l) * scale == ref's act_quant of column sigma(l), bit for bit, for every
+ * block of rand_x's rows (uniform, already quantized, log-uniform, all zero); padding rows' scales 0 */
+START_TEST(test_f8_quant)
+{
+    enum { M = 37, K = 256, KB = K / 32 };
+    rng_seed(900);
+    uint16_t *x = rand_x(M, K);
+    float *xq = f8_xq(x, M, K);
+    uint16_t *dx = up(x, 2 * (size_t)M * K);
+    uint8_t *dx8;
+    float *dxs;
+    f8_quant(dx, M, K, &dx8, &dxs);
+    const int ldm = f8_ldm(M);
+    uint8_t *x8 = down(dx8, (size_t)M * K);
+    float *xs = down(dxs, sizeof(float) * (size_t)ldm * KB);
+    for (int kb = 0; kb < KB; kb++) {
+        for (int m = M; m < ldm; m++) ck_assert_msg(xs[(size_t)kb * ldm + m] == 0.0f, "pad row %d scale", m);
+        for (int m = 0; m < M; m++)
+            for (int l = 0; l < 32; l++) {
+                const float got = v41_e4m3_to_f32(x8[(size_t)m * K + 32 * kb + l]) * xs[(size_t)kb * ldm + m];
+                const float want = xq[(size_t)m * K + 32 * kb + f8_sigma(l)];
+                ck_assert_msg(memcmp(&got, &want, 4) == 0, "row %d block %d byte %d: %.9g, act_quant %.9g", m, kb, l,
+                              (double)got, (double)want);
+            }
+    }
+    v41g_free(dx); v41g_free(dx8); v41g_free(dxs);
+    free(x); free(xq); free(x8); free(xs);
+}
+END_TEST
+
+/* Exactness: x in {0, +-0.5, +-1, +-1.5, +-2}, weight codes {0, +-0.5, +-1} (and zeros of both
+ * signs), scales 2^-2..2^2. Every block sum of code products is a multiple of 32 below 2^13 (9
+ * significant bits: exact in the fp8 MMA's accumulator at any precision of 9 bits or more), and
+ * y, a multiple of 2^-4 below 2^14, is exact in fp32: the fp32 output must equal the exact sum
+ * and the bf16 output its bf16 rounding, bit for bit. A misplaced column, block or scale breaks
+ * that. M = 1, 130 (partial m tiles), 259; N = 2, 298 (partial bands), 384; K = 64..2048; a row
+ * slice (r0 = 32). */
+typedef struct { int M, N, K, r0; } f8_case;
+static const f8_case f8_cases[] = {{1, 128, 64, 0},    {130, 298, 1024, 0}, {259, 384, 2048, 0},
+                                   {64, 2, 128, 0},   {200, 160, 512, 32}, {128, 128, 64, 0}};
+#define N_F8 ((int)(sizeof f8_cases / sizeof f8_cases[0]))
+static void f8_run(const f8_case *c, int exact, uint64_t seed)
+{
+    rng_seed(seed);
+    qw q = qw_make(V41G_WQ_FP8, 1, c->N, c->K, c->r0, 0, exact ? gen_fp8_small : gen_fp8_any, exact ? 125 : 107,
+                   exact ? 129 : 131);
+    v41g_wq W = qw_desc(&q, 0);
+    ck_assert_msg(v41g_wq_f8_ok(&W), "v41g_wq_f8_ok refused N %d K %d r0 %d", c->N, c->K, c->r0);
+    const int M = c->M, N = c->N, K = c->K, KB = K / 32;
+    uint16_t *x;
+    if (exact) {
+        static const float xv[] = {0.0f, 0.5f, -0.5f, 1.0f, -1.0f, 1.5f, -1.5f, 2.0f, -2.0f};
+        x = malloc(2 * (size_t)M * K);
+        for (size_t i = 0; i < (size_t)M * K; i++) x[i] = v41_f32_to_bf16(xv[rng_int(9)]);
+    } else
+        x = rand_x(M, K);
+    float *xq = f8_xq(x, M, K);
+    const size_t ny = (size_t)M * N;
+    double *exp = malloc(sizeof(double) * ny), *mag = malloc(sizeof(double) * ny);
+    for (int m = 0; m < M; m++)
+        for (int n = 0; n < N; n++) {
+            double sum = 0, a = 0;
+            for (int kb = 0; kb < KB; kb++) {
+                double bs = 0;   /* one block's sum, as the MMA forms it, then added (all exact in double) */
+                for (int k = 32 * kb; k < 32 * kb + 32; k++) {
+                    const double t = (double)xq[(size_t)m * K + k] * q.deq[(size_t)n * K + k];
+                    bs += t;
+                    a += fabs(t);
+                }
+                sum += bs;
+            }
+            exp[(size_t)m * N + n] = sum;
+            mag[(size_t)m * N + n] = a;
+        }
+    uint16_t *dx = up(x, 2 * (size_t)M * K);
+    uint8_t *dx8;
+    float *dxs;
+    f8_quant(dx, M, K, &dx8, &dxs);
+    float *dy = dpoison(4 * ny), *dy2 = dpoison(4 * ny);
+    uint16_t *db = dpoison(2 * ny);
+    ck_assert_int_eq(v41g_wq_gemm_f8(&W, dx8, dxs, f8_ldm(M), M, dy, 1, NULL), 0);
+    ck_assert_int_eq(v41g_wq_gemm_f8(&W, dx8, dxs, f8_ldm(M), M, dy2, 1, NULL), 0);
+    ck_assert_int_eq(v41g_wq_gemm_f8(&W, dx8, dxs, f8_ldm(M), M, db, 0, NULL), 0);
+    float *y = down(dy, 4 * ny), *y2 = down(dy2, 4 * ny);
+    uint16_t *b = down(db, 2 * ny);
+    char what[120];
+    snprintf(what, sizeof what, "f8 %s M%d N%d K%d r0 %d", exact ? "exact" : "random", M, N, K, c->r0);
+    check_same(what, y, y2, 4 * ny);
+    check_bf16_of_f32(what, b, y, ny);
+    double worst = 0;   /* largest |error| / sum|terms| seen (reported: the tensor cores' accumulation) */
+    for (size_t i = 0; i < ny; i++) {
+        const double g = y[i], d = fabs(g - exp[i]);
+        if (exact) {
+            ck_assert_msg((float)exp[i] == y[i], "%s: element %zu: %.9g, exact %.9g", what, i, g, exp[i]);
+            continue;
+        }
+        /* the fp8 MMA's block sums: at most 31 truncating additions, each losing less than 2^-12
+         * of sum|terms| (13 fraction bits kept relative to the larger operand's binade); the fp32
+         * promotion of KB blocks: KB roundings of at most 2^-24 sum|terms| each */
+        const double tol = (0x1p-7 + KB * 0x1p-24) * mag[i] + FLT_MIN;
+        ck_assert_msg(d <= tol, "%s: element %zu: got %.9g want %.9g (sum|terms| %.3g, bound %.3g)", what, i, g, exp[i],
+                      mag[i], tol);
+        if (mag[i] > 0 && d / mag[i] > worst) worst = d / mag[i];
+    }
+    if (!exact) printf("%s: largest |error| / sum|terms| = %.3g (2^%.1f)\n", what, worst, worst > 0 ? log2(worst) : -INFINITY);
+    v41g_free(dx); v41g_free(dx8); v41g_free(dxs); v41g_free(dy); v41g_free(dy2); v41g_free(db);
+    free(x); free(xq); free(exp); free(mag); free(y); free(y2); free(b);
+    qw_free(&q);
+}
+START_TEST(test_f8_exact) { f8_run(&f8_cases[_i], 1, 950 + _i); }
+END_TEST
+START_TEST(test_f8_random) { f8_run(&f8_cases[_i], 0, 970 + _i); }
+END_TEST
+/* V41_WQ_F8MMA=1: v41g_wq_gemm of an act_quant'ed input, given v41g_wq_ws_bytes of workspace, is
+ * bit for bit v41g_wq_gemm_f8 of v41g_act_quant_f8 of the raw input (quantizing the quantized
+ * input again gives the same products); with no workspace it is the bf16 kernels' result, bit for
+ * bit; an fp4 weight is not active. The engines rely on this switch. */
+START_TEST(test_f8_mode)
+{
+    enum { M = 130, N = 298, K = 1024 };
+    rng_seed(995);
+    qw q = qw_make(V41G_WQ_FP8, 1, N, K, 0, 0, gen_fp8_any, 107, 131);
+    v41g_wq W = qw_desc(&q, 0);
+    uint16_t *x = rand_x(M, K);
+    float *xq = f8_xq(x, M, K);
+    uint16_t *xb = malloc(2 * (size_t)M * K);
+    for (size_t i = 0; i < (size_t)M * K; i++) xb[i] = v41_f32_to_bf16(xq[i]);   /* exact: act_quant values */
+    uint16_t *dx = up(x, 2 * (size_t)M * K), *dxb = up(xb, 2 * (size_t)M * K);
+    const size_t ny = (size_t)M * N;
+    unsetenv("V41_WQ_F8MMA");
+    ck_assert(!v41g_wq_f8_active(&W));
+    const size_t ws0 = v41g_wq_ws_bytes(&W, M);
+    float *dref = dpoison(4 * ny), *dexact = dpoison(4 * ny), *dmode = dpoison(4 * ny), *dnows = dpoison(4 * ny);
+    void *wsx = ws0 ? dpoison(ws0) : NULL;
+    ck_assert_int_eq(v41g_wq_gemm(&W, dxb, M, dexact, 1, wsx, ws0, NULL), 0);
+    uint8_t *dx8;
+    float *dxs;
+    f8_quant(dx, M, K, &dx8, &dxs);
+    ck_assert_int_eq(v41g_wq_gemm_f8(&W, dx8, dxs, f8_ldm(M), M, dref, 1, NULL), 0);
+    setenv("V41_WQ_F8MMA", "1", 1);
+    ck_assert(v41g_wq_f8_active(&W));
+    const size_t ws1 = v41g_wq_ws_bytes(&W, M);
+    ck_assert_uint_ge(ws1, (size_t)M * K + 4 * (size_t)f8_ldm(M) * (K / 32));
+    void *ws = dpoison(ws1);
+    ck_assert_int_eq(v41g_wq_gemm(&W, dxb, M, dmode, 1, ws, ws1, NULL), 0);
+    ck_assert_int_eq(v41g_wq_gemm(&W, dxb, M, dnows, 1, NULL, 0, NULL), 0);
+    qw q4 = qw_make(V41G_WQ_FP4, 1, 64, 128, 0, 0, gen_fp4_any, 120, 124);
+    v41g_wq W4 = qw_desc(&q4, 0);
+    ck_assert(!v41g_wq_f8_active(&W4));
+    unsetenv("V41_WQ_F8MMA");
+    float *ref = down(dref, 4 * ny), *mode = down(dmode, 4 * ny), *exact = down(dexact, 4 * ny), *nows = down(dnows, 4 * ny);
+    check_same("V41_WQ_F8MMA=1 against v41g_wq_gemm_f8", mode, ref, 4 * ny);
+    /* no workspace: the bf16 kernels (no split), within their bound of the exact sum */
+    double *exp = malloc(sizeof(double) * ny), *mag = malloc(sizeof(double) * ny);
+    ref_rows(xb, NULL, 0, M, q.deq, N, K, exp, mag);
+    check_out("V41_WQ_F8MMA=1 with no workspace", nows, 1, exp, mag, ny, K);
+    check_out("bf16 kernels", exact, 1, exp, mag, ny, K);
+    size_t diff = 0;
+    for (size_t i = 0; i < ny; i++) diff += mode[i] != exact[i];
+    ck_assert_msg(diff > 0, "the fp8 MMA path gave the bf16 kernels' result bit for bit on all %zu outputs", ny);
+    free(exp); free(mag);
+    v41g_free(dx); v41g_free(dxb); v41g_free(dx8); v41g_free(dxs); v41g_free(dref); v41g_free(dexact);
+    v41g_free(dmode); v41g_free(dnows); v41g_free(ws); v41g_free(wsx);
+    free(x); free(xq); free(xb); free(ref); free(mode); free(exact); free(nows);
+    qw_free(&q); qw_free(&q4);
+}
+END_TEST
+
+/* what the path refuses: fp4, K % 64 != 0, r0 % 32 != 0, odd N; nothing written */
+START_TEST(test_f8_refuse)
+{
+    enum { N = 64, K = 128, M = 4 };
+    rng_seed(990);
+    qw q = qw_make(V41G_WQ_FP8, 1, N, K, 0, 0, gen_fp8_any, 120, 124);
+    uint8_t *dx8 = dfill((size_t)M * K, 0);
+    float *dxs = dfill(sizeof(float) * 4 * (K / 32), 0);
+    void *dy = dfill(4 * M * N, 0x5a);
+    v41g_wq bad[4];
+    for (int j = 0; j < 4; j++) bad[j] = qw_desc(&q, 0);
+    bad[0].fmt = V41G_WQ_FP4;
+    bad[1].K = 96;
+    bad[2].r0 = 16;
+    bad[3].N = 63;
+    for (int j = 0; j < 4; j++) {
+        ck_assert_msg(!v41g_wq_f8_ok(&bad[j]), "v41g_wq_f8_ok accepted case %d", j);
+        ck_assert_int_eq(v41g_wq_gemm_f8(&bad[j], dx8, dxs, 4, M, dy, 1, NULL), CUDA_INVALID_VALUE);
+    }
+    ck_assert_int_eq(v41g_act_quant_f8((const uint16_t *)dx8, M, 48, dx8, dxs, 4, NULL), CUDA_INVALID_VALUE); /* K % 32 */
+    ck_assert_int_eq(v41g_act_quant_f8((const uint16_t *)dx8, M, K, dx8, dxs, 6, NULL), CUDA_INVALID_VALUE);  /* ldm % 4 */
+    unsigned char *y = down(dy, 4 * M * N);
+    for (int i = 0; i < 4 * M * N; i++) ck_assert_msg(y[i] == 0x5a, "output byte %d written", i);
+    free(y);
+    v41g_free(dx8); v41g_free(dxs); v41g_free(dy);
+    qw_free(&q);
+}
+END_TEST
+
 /* ------------------------------------------------------------ bad arguments */
 /* an invalid format, K % 32 != 0, fp4 with r0 != 0 ("r0 must be 0"): cudaErrorInvalidValue from
  * all three entry points, and the output untouched */
@@ -696,6 +913,14 @@ static Suite *wq_suite(void)
     tc = tcase_create("moe");
     tcase_set_timeout(tc, 120);
     tcase_add_loop_test(tc, test_moe, 0, 2);
+    suite_add_tcase(s, tc);
+    tc = tcase_create("f8");
+    tcase_set_timeout(tc, 120);
+    tcase_add_test(tc, test_f8_quant);
+    tcase_add_loop_test(tc, test_f8_exact, 0, N_F8);
+    tcase_add_loop_test(tc, test_f8_random, 0, N_F8);
+    tcase_add_test(tc, test_f8_refuse);
+    tcase_add_test(tc, test_f8_mode);
     suite_add_tcase(s, tc);
     tc = tcase_create("args");
     tcase_set_timeout(tc, 120);
