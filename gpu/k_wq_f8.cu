@@ -37,7 +37,7 @@
 //    are 512 contiguous bytes.
 //  - Shared memory, per stage of F8_NB = 4 blocks (128 columns): activations 4 x [128 rows x 32 B],
 //    weights 4 x [128 rows x 32 B], each with the 32-byte swizzle (16-byte chunk h of row r at
-//    chunk h ^ ((r >> 2) & 1); the no-swizzle core-matrix layout took 9-21 % longer), then
+//    chunk h ^ ((r >> 2) & 1); the no-swizzle core-matrix layout took 9-26 % longer), then
 //    the activation scales 4 x 128 fp32. The weight scales of the CTA's 4 row groups are copied
 //    to shared memory once.
 // A CTA computes 128 activation rows (two warpgroups of 64, the MMA's M) x 128 weight rows (the
