@@ -328,6 +328,43 @@ START_TEST(test_gemm_no_gemv)
 }
 END_TEST
 
+/* The split-K sum of large outputs (M N >= 1024 per SM: g_wq_reduce4_kernel, four outputs a
+ * thread) against the one-output kernel (V41_WQ_REDUCE1=1): the same sums in the same order, so
+ * bit for bit, fp32 and bf16 out; and within the bound of run_gemm. M = 64, N = 2176 (17 bands:
+ * fewer CTAs than SMs, so K is split), 139264 outputs. */
+START_TEST(test_gemm_reduce4)
+{
+    enum { M = 64, N = 2176, K = 512 };
+    rng_seed(1200 + _i);
+    const int fmt = _i ? V41G_WQ_FP4 : V41G_WQ_FP8;
+    qw q = qw_make(fmt, 1, N, K, 0, 0, fmt == V41G_WQ_FP8 ? gen_fp8_any : gen_fp4_any, 107, 131);
+    v41g_wq W = qw_desc(&q, 0);
+    const size_t wsb = v41g_wq_ws_bytes(&W, M), ny = (size_t)M * N;
+    ck_assert_uint_gt(wsb, 0);   /* the call splits */
+    uint16_t *x = rand_x(M, K), *dx = up(x, 2 * (size_t)M * K);
+    void *ws = dpoison(wsb);
+    float *d4 = dpoison(4 * ny), *d1 = dpoison(4 * ny);
+    uint16_t *b4 = dpoison(2 * ny), *b1 = dpoison(2 * ny);
+    ck_assert_int_eq(v41g_wq_gemm(&W, dx, M, d4, 1, ws, wsb, NULL), 0);
+    ck_assert_int_eq(v41g_wq_gemm(&W, dx, M, b4, 0, ws, wsb, NULL), 0);
+    setenv("V41_WQ_REDUCE1", "1", 1);
+    ck_assert_int_eq(v41g_wq_gemm(&W, dx, M, d1, 1, ws, wsb, NULL), 0);
+    ck_assert_int_eq(v41g_wq_gemm(&W, dx, M, b1, 0, ws, wsb, NULL), 0);
+    unsetenv("V41_WQ_REDUCE1");
+    float *y4 = down(d4, 4 * ny), *y1 = down(d1, 4 * ny);
+    uint16_t *c4 = down(b4, 2 * ny), *c1 = down(b1, 2 * ny);
+    check_same("split-K sum, four outputs a thread against one (fp32 out)", y4, y1, 4 * ny);
+    check_same("split-K sum, four outputs a thread against one (bf16 out)", c4, c1, 2 * ny);
+    double *exp = malloc(sizeof(double) * ny), *mag = malloc(sizeof(double) * ny);
+    ref_rows(x, NULL, 0, M, q.deq, N, K, exp, mag);
+    check_out("split-K sum, four outputs a thread", y4, 1, exp, mag, ny, K);
+    check_out("split-K sum, four outputs a thread", c4, 0, exp, mag, ny, K);
+    v41g_free(dx); v41g_free(ws); v41g_free(d4); v41g_free(d1); v41g_free(b4); v41g_free(b1);
+    free(x); free(y4); free(y1); free(c4); free(c1); free(exp); free(mag);
+    qw_free(&q);
+}
+END_TEST
+
 /* fp8 row slices of a checkpoint tensor: rows r0..r0+N of a [r0 + N, K] weight, the scales of the
  * full tensor (rebase: the same slice described from scale row r0 / 32 with r0 % 32) */
 typedef struct { int r0, rebase, M, N, K; } sl_case;
@@ -904,6 +941,7 @@ static Suite *wq_suite(void)
     tcase_add_loop_test(tc, test_gemm_slice, 0, (int)(sizeof sl_cases / sizeof sl_cases[0]));
     tcase_add_loop_test(tc, test_gemm_mma_fallback, 0, 2 * N_GM);
     tcase_add_loop_test(tc, test_gemm_no_gemv, 0, 2 * N_GM);
+    tcase_add_loop_test(tc, test_gemm_reduce4, 0, 2);
     suite_add_tcase(s, tc);
     tc = tcase_create("grouped");
     tcase_set_timeout(tc, 120);
