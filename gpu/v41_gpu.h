@@ -161,7 +161,8 @@ int v41g_wq_gemm_grouped(const v41g_wq *W, int G, const int32_t *off, const int3
                          int M_total, void *y, int out_f32, v41g_stream s);
 /* Dequantize group g of W to bf16 out[N][K] (16-byte aligned; large-M callers then use cuBLAS). */
 int v41g_wq_dequant(const v41g_wq *W, int g, uint16_t *out, v41g_stream s);
-/* fp8 x fp8 tensor-core path (gpu/k_wq_f8.cu, sm_90a; large M): y[M,N] of an fp8 Linear from
+/* fp8 x fp8 tensor-core path (gpu/k_wq_f8.cu, sm_90a; any M, slower than v41g_wq_gemm and the
+ * dequantize + cuBLAS path on the H200: a numerics mode, not a fast path): y[M,N] of an fp8 Linear from
  * the input's act_quant codes and scales as v41g_act_quant_f8 writes them (codes [M][K], each
  * 32-column block in the GEMM's column order; fp32 scales [K/32][ldm], ldm = rows rounded up to
  * a multiple of 4). One fp8 MMA per 32-column scale block, promoted to fp32 block after block:

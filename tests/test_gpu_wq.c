@@ -11,6 +11,11 @@
  *   - v41g_moe_ffn with q13/q2 (fp4 experts) and q13s/q2s (fp8 shared expert) against the same
  *     FFN over the dequantized bf16 copies (w13/w2/w13s/w2s);
  *   - bad arguments: an error, nothing written;
+ *   - the split-K sum four outputs a thread (outputs of at least 1024 x SMs elements) against the
+ *     one-output kernel (V41_WQ_REDUCE1=1), bit for bit;
+ *   - the fp8 MMA path (gpu/k_wq_f8.cu, case "f8"): v41g_act_quant_f8 against ref's act_quant,
+ *     v41g_wq_gemm_f8 exact where every block sum fits 9 bits and within a derived bound of
+ *     Hopper's fp8 accumulation otherwise (its derivation at f8_run), refusals, and the V41_WQ_F8MMA switch;
  *   - the GEMM shapes again with V41_WQ_NO_WGMMA=1 (the mma.sync kernel; on an sm_90a build the
  *     wgmma kernel runs by default) and with V41_WQ_NO_GEMV=1 (M <= 8 and grouped calls of at
  *     most 8 rows a group on average take the decode kernel g_wq_gemv_kernel by default when
