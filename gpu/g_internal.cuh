@@ -157,6 +157,12 @@ __device__ __forceinline__ float g_e4m32f(uint8_t q) {
     __half_raw h = __nv_cvt_fp8_to_halfraw((__nv_fp8_storage_t)q, __NV_E4M3);
     return __half2float(__half(h));
 }
+// act_quant(x, 32) (SPEC §2) of one 32-column block: the UE8M0 scale's exponent from the block's
+// amax (scale = 2^ceil(log2(max(amax, 1e-4) * fp32(1/448)))), and an element's e4m3 code given
+// inv = 2^-exponent (e4m3_rne(clamp(x / scale, +-448)); x * 2^-e is x / 2^e exactly). Shared by
+// v41g_act_quant (k_small.cu) and v41g_act_quant_f8 (k_wq_f8.cu), so their codes and scales agree.
+__device__ __forceinline__ int g_aq_exp(float amax) { return g_ceil_log2(fmaxf(amax, 1e-4f) * (1.0f / 448.0f)); }
+__device__ __forceinline__ uint8_t g_aq_code(float x, float inv) { return g_f2e4m3(fminf(fmaxf(x * inv, -448.0f), 448.0f)); }
 // Nearest fp4 (e2m1) magnitude of v >= 0, clamped to 6, ties to the even code.
 __device__ __forceinline__ float g_fp4_mag(float v) {
     if (v <= 0.25f) return 0.0f;
@@ -309,3 +315,8 @@ static inline cudaError_t g_tmp_alloc(void **p, size_t n, cudaStream_t st)
     }
     return cudaMallocAsync(p, n, st);
 }
+
+// Column of position p (0..63) of an fp8 weight tile row in k_wq.cu's tiled layout (the mma
+// A-fragment order: p = 16c + 4s + j holds column 16s + 2c + (j & 1) + 8 (j >> 1)). k_wq_f8.cu
+// orders each activation block the same way.
+__host__ __device__ constexpr int wq_col_of(int p) { return 16 * ((p >> 2) & 3) + 2 * (p >> 4) + (p & 1) + 8 * ((p >> 1) & 1); }

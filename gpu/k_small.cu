@@ -228,16 +228,14 @@ __global__ void g_act_quant_kernel(const uint16_t *__restrict__ x, uint8_t *q, f
     amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 1));
     amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 2));
     if (!live) return;
-    amax = fmaxf(amax, 1e-4f);
-    int ex = g_ceil_log2(amax * (1.0f / 448.0f));
+    int ex = g_aq_exp(amax);
     float sc = g_pow2(ex), inv = g_pow2(-ex);
     uint64_t qq = 0;
     uint4 o;
     uint16_t *oe = (uint16_t *)&o;
 #pragma unroll
     for (int k = 0; k < 8; k++) {
-        float t = fminf(fmaxf(f[k] * inv, -448.0f), 448.0f);
-        uint8_t c = g_f2e4m3(t);
+        uint8_t c = g_aq_code(f[k], inv);
         qq |= (uint64_t)c << (8 * k);
         oe[k] = g_f2bf(g_e4m32f(c) * sc);
     }

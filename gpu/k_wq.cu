@@ -82,7 +82,6 @@ __host__ __device__ constexpr int wq_col_of4(int p)
 {
     return 16 * (2 * ((p >> 3) & 1) + ((p >> 1) & 1)) + 2 * (p >> 4) + ((p >> 2) & 1) + 8 * (p & 1);
 }
-__host__ __device__ constexpr int wq_col_of(int p) { return 16 * ((p >> 2) & 3) + 2 * (p >> 4) + (p & 1) + 8 * ((p >> 1) & 1); }
 __host__ __device__ constexpr int wq_pos_of(int k)
 {
     return 16 * ((k & 7) >> 1) + 4 * (k >> 4) + 2 * ((k >> 3) & 1) + (k & 1);
@@ -1020,12 +1019,11 @@ extern "C" int v41g_wq_f8_active(const v41g_wq *W) { return g_env_flag("V41_WQ_F
 
 namespace {
 // V41_WQ_F8MMA=1: dense calls of fp8 Linears that v41g_wq_f8_ok accepts run as fp8 MMAs
-// (k_wq_f8.cu), their input re-quantized into the workspace: codes (M K bytes, rounded up to 16)
-// and scales (4 ldm K/32 bytes), 32 bytes of slack for aligning the start
-size_t f8_ws(const v41g_wq *W, int M)
-{
-    return ((size_t)M * W->K + 15) / 16 * 16 + 4 * (size_t)((M + 3) / 4 * 4) * (W->K / 32) + 32;
-}
+// (k_wq_f8.cu), their input re-quantized into the workspace: codes (M K bytes, rounded up to 16),
+// then scales [K/32][ldm] (ldm: M rounded up to 4), 32 bytes of slack for aligning the start
+size_t f8_codes(const v41g_wq *W, int M) { return ((size_t)M * W->K + 15) / 16 * 16; }
+int f8_ldm(int M) { return (M + 3) / 4 * 4; }
+size_t f8_ws(const v41g_wq *W, int M) { return f8_codes(W, M) + 4 * (size_t)f8_ldm(M) * (W->K / 32) + 32; }
 // the f8 path of a dense call (V41_WQ_F8MMA): 1 and *rc set when it ran; 0 when the workspace is
 // too small for it (the caller then runs the bf16 kernels)
 bool f8_call(const v41g_wq *W, const uint16_t *x, int M, void *y, int out_f32, void *ws, size_t ws_bytes, cudaStream_t st,
@@ -1034,8 +1032,8 @@ bool f8_call(const v41g_wq *W, const uint16_t *x, int M, void *y, int out_f32, v
     if (!ws || ws_bytes < f8_ws(W, M)) return false;
     const uintptr_t b = ((uintptr_t)ws + 15) & ~(uintptr_t)15;
     uint8_t *x8 = (uint8_t *)b;
-    float *xs = (float *)(b + ((size_t)M * W->K + 15) / 16 * 16);
-    const int ldm = (M + 3) / 4 * 4;
+    float *xs = (float *)(b + f8_codes(W, M));
+    const int ldm = f8_ldm(M);
     // x is the act_quant'ed input: quantizing it again gives codes and scales whose products are
     // the same values (k_wq_f8.cu), so the call computes the same products as the bf16 kernels
     *rc = v41g_act_quant_f8(x, M, W->K, x8, xs, ldm, st);
@@ -1060,7 +1058,7 @@ extern "C" int v41g_wq_gemm(const v41g_wq *W, const uint16_t *x, int M, void *y,
     if (M == 0) return 0;
     cudaStream_t st = G_STREAM(s);
     int frc;
-    if (v41g_wq_f8_active(W) && f8_call(W, x, M, y, out_f32, ws, ws ? ws_bytes : 0, st, &frc)) return frc;
+    if (v41g_wq_f8_active(W) && f8_call(W, x, M, y, out_f32, ws, ws_bytes, st, &frc)) return frc;
     const bool wg = use_wgmma();
     const int BM = bm_for(M, wg);
     wq_args a = args_of(W, x, M, y, out_f32);

@@ -245,9 +245,10 @@ __global__ void __launch_bounds__(256, 1) g_wq_f8_kernel(f8_args a)
 #endif
 }
 
-// act_quant(x, 32) (SPEC §2; the formula of k_small.cu's g_act_quant_kernel) into the GEMM's
-// layout: one thread per 32-column block; codes in sigma order, the scale to xs[kb][row]; threads
-// of padding rows (rows..ldm-1) write scale 0.
+// act_quant(x, 32) (SPEC §2; g_aq_exp and g_aq_code, as v41g_act_quant) into the GEMM's layout: one
+// thread per 32-column block; byte l of the block's codes holds column sigma(l), the column of tile
+// position 16 (l / 8) + l % 8 (wq_col_of), the scale goes to xs[kb][row]; threads of padding rows
+// (rows..ldm-1) write scale 0.
 __global__ void g_act_quant_f8_kernel(const uint16_t *__restrict__ x, int rows, int K, int ldm, uint8_t *x8, float *xs)
 {
     const int KB = K / 32;
@@ -266,8 +267,7 @@ __global__ void g_act_quant_f8_kernel(const uint16_t *__restrict__ x, int rows, 
     float amax = 0.0f;
 #pragma unroll
     for (int k = 0; k < 32; k++) amax = fmaxf(amax, fabsf(g_bf2f(e[k])));
-    amax = fmaxf(amax, 1e-4f);
-    const int ex = g_ceil_log2(amax * (1.0f / 448.0f));
+    const int ex = g_aq_exp(amax);
     const float inv = g_pow2(-ex);
     uint32_t o[8];
 #pragma unroll
@@ -275,10 +275,8 @@ __global__ void g_act_quant_f8_kernel(const uint16_t *__restrict__ x, int rows, 
         uint32_t v = 0;
 #pragma unroll
         for (int j = 0; j < 4; j++) {
-            const int l = 4 * w + j, cq = l >> 3, s = (l >> 2) & 1;
-            const int col = 16 * s + 2 * cq + (j & 1) + 8 * (j >> 1);
-            const float t = fminf(fmaxf(g_bf2f(e[col]) * inv, -448.0f), 448.0f);
-            v |= (uint32_t)g_f2e4m3(t) << (8 * j);
+            const int l = 4 * w + j;   /* byte l = 8c + 4s + j of the block: tile position 16c + 4s + j */
+            v |= (uint32_t)g_aq_code(g_bf2f(e[wq_col_of(16 * (l >> 3) + (l & 7))]), inv) << (8 * j);
         }
         o[w] = v;
     }
