@@ -2,7 +2,7 @@
 // same run (device-to-device copy bandwidth, cuBLAS bf16 GEMM TFLOP/s), then
 // every kernel at V4.1-Flash shapes (synthetic weights). Each measurement is
 // the median of N timed runs (cudaEvent pairs), the L2 flushed before each run
-// by a 256 MiB memset outside the timed region. Byte counts are the fewest
+// outside the timed region (--flush, below). Byte counts are the fewest
 // bytes the op must move through device memory (each input read once, each
 // output written once); FLOP counts are 2 per multiply-add. JSON schema
 // "v41-profile/1" (read by the simulator): {"schema","device","ceilings":
@@ -25,10 +25,35 @@ struct op_rec {
     double flops, bytes, median_s;
 };
 
+// How the L2 is emptied before each timed run (--flush):
+//  clean  (default) a read-only sweep over a 256 MiB buffer: every line an earlier run left dirty is
+//         written back during the sweep, and the L2 then holds clean lines of an unrelated buffer.
+//         The op pays for its own misses, not for another buffer's write-back; as in a decode step,
+//         where the kernels before an op mostly read (weights, caches).
+//  dirty  a 256 MiB memset (sessions 1-20): the L2 is left full of dirty lines of the flush buffer,
+//         so a timed op that misses also writes back up to an L2's worth of them (about 50 MB on an
+//         H100/H200), which a cache-sized op (the batch-64 attention reads 50 MB) pays in full.
+//  drain  clean, and the timed run is the op followed by a read sweep of a second 256 MiB buffer,
+//         minus the same sweep alone timed right before (a paired difference): the op's time
+//         including the write-back of what it left dirty in the L2. It overcharges writes somewhat:
+//         the sweep also loses its read-only streaming rate while that write-back shares DRAM.
+enum flush_mode { FLUSH_CLEAN, FLUSH_DIRTY, FLUSH_DRAIN };
+
+__global__ void flush_read_kernel(const uint4 *__restrict__ p, size_t n, unsigned *sink)
+{
+    unsigned x = 0;
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
+        const uint4 v = p[i];
+        x ^= v.x ^ v.y ^ v.z ^ v.w;
+    }
+    if (x == 0x9E3779B9u) *sink = x;   // the buffer is zeros: never taken, but the loads must stay
+}
+
 struct bench {
     cudaStream_t st = 0;
-    void *flush = NULL;
+    void *flush = NULL, *drain = NULL;
     size_t flush_bytes = 256u << 20;
+    flush_mode mode = FLUSH_CLEAN;
     int reps = 15;
     double copy_GBps = 0, gemm_TFLOPs = 0;
     double floor_s = 0;   // one empty kernel timed like every op (graph launch + events): see ceilings()
@@ -48,41 +73,72 @@ struct bench {
     // launch overhead (attribute calls, allocations, cuBLAS setup) stays out of
     // the device time, as in a graph-replayed decode step; graph = false for
     // code that synchronises with the host (MoE: per-expert row counts).
+    // FLUSH_DRAIN: the drain sweep follows fn in the same graph, and each sample is paired with a
+    // sweep alone launched the same way right before it; the median of the differences is returned
+    // (pairing cancels the drift of the sweep's own time with the clocks).
     double time(const std::function<int()> &fn, int nrep = 0, bool graph = true) {
         if (nrep <= 0 || nrep > reps) nrep = reps;
+        const bool drain_on = mode == FLUSH_DRAIN;
         cudaEvent_t a, b;
         cudaEventCreate(&a); cudaEventCreate(&b);
         for (int w = 0; w < 2; w++) if (fn()) { fprintf(stderr, "v41 bench gpu: kernel failed\n"); exit(2); }
-        cudaGraphExec_t ge = NULL;
-        if (graph) {
+        auto capture = [&](const std::function<int()> &f) {
+            cudaGraphExec_t ge = NULL;
             cudaGraph_t g = NULL;
             if (cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal) == cudaSuccess) {
-                int rc = fn();
+                int rc = f();
                 cudaError_t e = cudaStreamEndCapture(st, &g);
                 if (rc || e != cudaSuccess || cudaGraphInstantiate(&ge, g, 0) != cudaSuccess) ge = NULL;
                 if (g) cudaGraphDestroy(g);
             }
             cudaGetLastError();
             if (ge) cudaGraphLaunch(ge, st);   // warm-up of the graph itself
-        }
-        std::vector<double> ts;
-        for (int r = 0; r < nrep; r++) {
-            cudaMemsetAsync(flush, r & 0xff, flush_bytes, st);
+            return ge;
+        };
+        const std::function<int()> sw = [&] { sweep(drain); return (int)cudaGetLastError(); };
+        cudaGraphExec_t ge = graph ? capture(drain_on ? std::function<int()>([&] { int rc = fn(); return rc ? rc : sw(); }) : fn)
+                                   : NULL;
+        cudaGraphExec_t gs = graph && drain_on ? capture(sw) : NULL;
+        auto one = [&](int r, cudaGraphExec_t g, const std::function<int()> &f) {
+            flush_l2(r);
             cudaEventRecord(a, st);
-            if (ge) cudaGraphLaunch(ge, st);
-            else fn();
+            if (g) cudaGraphLaunch(g, st);
+            else f();
             cudaEventRecord(b, st);
             cudaEventSynchronize(b);
             float ms = 0;
             cudaEventElapsedTime(&ms, a, b);
-            ts.push_back(ms * 1e-3);
+            return ms * 1e-3;
+        };
+        std::vector<double> ts;
+        for (int r = 0; r < nrep; r++) {
+            if (!drain_on) { ts.push_back(one(r, ge, fn)); continue; }
+            const double t0 = one(r, gs, sw);
+            ts.push_back(one(r, ge, [&] { int rc = fn(); return rc ? rc : sw(); }) - t0);
         }
         cudaError_t e = cudaGetLastError();
         if (e != cudaSuccess) { fprintf(stderr, "v41 bench gpu: %s\n", cudaGetErrorString(e)); exit(2); }
         cudaEventDestroy(a); cudaEventDestroy(b);
         if (ge) cudaGraphExecDestroy(ge);
+        if (gs) cudaGraphExecDestroy(gs);
         std::sort(ts.begin(), ts.end());
         return ts[ts.size() / 2];
+    }
+    void sweep(void *buf) {
+        flush_read_kernel<<<(unsigned)g_num_sms() * 4, 512, 0, st>>>((const uint4 *)buf, flush_bytes / 16,
+                                                                     (unsigned *)buf);
+    }
+    void flush_l2(int r) {
+        if (mode == FLUSH_DIRTY) cudaMemsetAsync(flush, r & 0xff, flush_bytes, st);
+        else sweep(flush);
+    }
+    int setup() {
+        flush = v41g_malloc(flush_bytes);
+        drain = v41g_malloc(flush_bytes);
+        if (!flush || !drain) { fprintf(stderr, "v41 bench gpu: cudaMalloc of the flush buffers failed\n"); return 2; }
+        cudaMemsetAsync(flush, 0, flush_bytes, st);
+        cudaMemsetAsync(drain, 0, flush_bytes, st);
+        return cudaStreamSynchronize(st) == cudaSuccess ? 0 : 2;
     }
     void rec(const char *op, const std::string &name, const std::string &params, double flops, double bytes,
              double t) {
@@ -684,6 +740,22 @@ __global__ void __launch_bounds__(256) pattern_read_kernel(const uint4 *__restri
     if (a == 0x9e3779b9u) sink[0] = a;
 }
 
+// - pattern_copy: a dense copy of n 16-byte vectors the same way (rmsnorm's T x dim bf16 in and out):
+//   the copy ceiling at a small op's size, timed like the op (floor, flush method and all).
+__global__ void __launch_bounds__(256) pattern_copy_kernel(const uint4 *__restrict__ x, uint4 *__restrict__ y, size_t n)
+{
+    const size_t stride = (size_t)gridDim.x * blockDim.x;
+    size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x;
+    for (; i + 3 * stride < n; i += 4 * stride) {
+        uint4 v[4];
+#pragma unroll
+        for (int u = 0; u < 4; u++) v[u] = __ldcs(x + i + u * stride);
+#pragma unroll
+        for (int u = 0; u < 4; u++) y[i + u * stride] = v[u];
+    }
+    for (; i < n; i += stride) y[i] = __ldcs(x + i);
+}
+
 __global__ void __launch_bounds__(256) pattern_rope_kernel(uint16_t *x, int rows, int heads, int d, int r)
 {
     const int vph = r / 8, nvr = heads * vph;
@@ -732,6 +804,15 @@ void small(bench &B, bool quick)
         double t;
         t = B.time([&] { return v41g_rmsnorm(x, wn, y, T, D, 1e-6f, B.st); });
         B.rec("small", fmt("rmsnorm_T%d", T), p, 4.0 * T * D, 2.0 * T * D * 2 + D * 2, t);
+        {
+            const size_t nv = (size_t)T * D / 8;
+            const unsigned nb = (unsigned)std::min<size_t>((nv + 255) / 256, (size_t)g_num_sms() * 8);
+            t = B.time([&] {
+                pattern_copy_kernel<<<nb, 256, 0, B.st>>>((const uint4 *)x, (uint4 *)y, nv);
+                return (int)cudaGetLastError();
+            });
+            B.rec("pattern", fmt("pattern_copy_T%d", T), p, 0, 2.0 * T * D * 2, t);
+        }
         const std::string rp = fmt("{\"T\":%d,\"heads\":%d,\"head_dim\":%d,\"rope_dim\":%d}", T, H, HD, R);
         t = B.time([&] { return v41g_rope(qb, pos, freqs, T, H, HD, R, 0, B.st); });
         B.rec("small", fmt("rope_q_T%d", T), rp, 6.0 * T * H * R / 2, 2.0 * T * H * R * 2, t);
@@ -1070,7 +1151,8 @@ int write_json(const bench &B, const char *path, const char *dev)
     FILE *f = fopen(tmp.c_str(), "w");
     if (!f) { fprintf(stderr, "v41 bench gpu: cannot write %s\n", tmp.c_str()); return 2; }
     fprintf(f, "{\"schema\":\"v41-profile/1\",\"device\":\"%s\",\"ceilings\":{\"copy_GBps\":%.6g,\"bf16_gemm_TFLOPs\":%.6g,"
-            "\"timing_floor_us\":%.6g},\"ops\":[", dev, B.copy_GBps, B.gemm_TFLOPs, B.floor_s * 1e6);
+            "\"timing_floor_us\":%.6g,\"l2_flush\":\"%s\"},\"ops\":[", dev, B.copy_GBps, B.gemm_TFLOPs, B.floor_s * 1e6,
+            B.mode == FLUSH_DIRTY ? "dirty" : B.mode == FLUSH_DRAIN ? "drain" : "clean");
     for (size_t i = 0; i < B.ops.size(); i++) {
         const op_rec &o = B.ops[i];
         fprintf(f, "%s\n {\"op\":\"%s\",\"name\":\"%s\",\"params\":%s,\"flops\":%.6g,\"bytes\":%.6g,\"median_s\":%.6g}",
@@ -1088,17 +1170,30 @@ extern "C" int v41g_bench_main(int argc, char **argv)
     const char *json = NULL, *only = NULL, *match = NULL;
     int reps = 15;
     bool quick = false;
+    flush_mode fm = FLUSH_CLEAN;
+    const char *flush_name = "clean";
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--json") && i + 1 < argc) json = argv[++i];
         else if (!strcmp(argv[i], "--quick")) quick = true;
         else if (!strcmp(argv[i], "--reps") && i + 1 < argc) reps = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--only") && i + 1 < argc) only = argv[++i];
         else if (!strcmp(argv[i], "--match") && i + 1 < argc) match = argv[++i];
+        else if (!strcmp(argv[i], "--flush") && i + 1 < argc) {
+            flush_name = argv[++i];
+            if (!strcmp(flush_name, "clean")) fm = FLUSH_CLEAN;
+            else if (!strcmp(flush_name, "dirty")) fm = FLUSH_DIRTY;
+            else if (!strcmp(flush_name, "drain")) fm = FLUSH_DRAIN;
+            else { fprintf(stderr, "v41 bench gpu: --flush '%s': expected clean, dirty or drain\n", flush_name); return 2; }
+        }
         else if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
             printf("usage: v41 bench gpu [--json OUT] [--quick] [--reps N] [--only gemm,attn,indexer,moe,wq,small,layer,decode]\n"
-                   "                    [--match SUBSTR]\n"
+                   "                    [--match SUBSTR] [--flush clean|dirty|drain]\n"
                    "  Ceilings (D2D copy, cuBLAS bf16 GEMM) then every CUDA kernel at V4.1-Flash shapes;\n"
                    "  medians of cudaEvent-timed runs with the L2 flushed. --json writes schema v41-profile/1.\n"
+                   "  --flush: clean (default) empties the L2 by a 256 MiB read sweep, leaving it clean; dirty by a\n"
+                   "  256 MiB memset (the op then also writes back the flush buffer's dirty lines it evicts: the\n"
+                   "  method before 0.1.0's session 21); drain is clean plus a read sweep after the op inside the\n"
+                   "  timed run, minus the sweep's own time: the op including the write-back of its own output.\n"
                    "  wq: the Linears and the MoE over fp8/fp4 weights in their storage formats (v41g_wq),\n"
                    "  each against bf16 cuBLAS (and the bf16 / dense MoE) at the same shape; op \"wq\".\n"
                    "  --match: in the wq section, only the records whose names contain SUBSTR (profiling one shape).\n"
@@ -1113,8 +1208,9 @@ extern "C" int v41g_bench_main(int argc, char **argv)
     bench B;
     cudaStreamCreateWithFlags(&B.st, cudaStreamNonBlocking);
     B.reps = reps > 0 ? reps : 1;
-    B.flush = v41g_malloc(B.flush_bytes);
-    if (!B.flush) return 2;
+    B.mode = fm;
+    if (B.setup()) return 2;
+    printf("L2 flush before each run: %s\n", flush_name);
     auto want = [&](const char *k) { return !only || strstr(only, k); };
     ceilings(B);
     printf("ceilings: copy %.1f GB/s, bf16 GEMM %.1f TFLOP/s, timing floor (one empty kernel) %.2f us\n",
@@ -1129,6 +1225,7 @@ extern "C" int v41g_bench_main(int argc, char **argv)
         for (bool pk : {false, true}) { layer(B, 64, true, 8192, pk); if (!quick) layer(B, 4096, false, 0, pk); }
     if (only && strstr(only, "decode")) decode_ops(B, quick);   // opt-in: see --help
     v41g_free(B.flush);
+    v41g_free(B.drain);
     v41g_gemm_release();
     if (json) return write_json(B, json, dev);
     return 0;
