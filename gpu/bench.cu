@@ -31,8 +31,9 @@ struct op_rec {
 //         The op pays for its own misses, not for another buffer's write-back; as in a decode step,
 //         where the kernels before an op mostly read (weights, caches).
 //  dirty  a 256 MiB memset (sessions 1-20): the L2 is left full of dirty lines of the flush buffer,
-//         so a timed op that misses also writes back up to an L2's worth of them (about 50 MB on an
-//         H100/H200), which a cache-sized op (the batch-64 attention reads 50 MB) pays in full.
+//         so a timed op that misses also writes back up to an L2's worth of them (60 MB on the
+//         H200), in proportion to its own footprint: a cache-sized op (the batch-64 attention reads
+//         50 MB) pays nearly all of it, and bf16 cuBLAS twice what an fp8 kernel of the shape pays.
 //  drain  clean, and the timed run is the op followed by a read sweep of a second 256 MiB buffer,
 //         minus the same sweep alone timed right before (a paired difference): the op's time
 //         including the write-back of what it left dirty in the L2. It overcharges writes somewhat:

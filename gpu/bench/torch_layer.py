@@ -135,6 +135,9 @@ def main():
     ap.add_argument("--ctx", type=int, default=8192)
     ap.add_argument("--reps", type=int, default=7)
     ap.add_argument("--json")
+    ap.add_argument("--flush", choices=["clean", "dirty"], default="clean",
+                    help="L2 flush before each run, as v41 bench gpu --flush: clean = a 256 MiB read (default), "
+                         "dirty = a 256 MiB memset (leaves the L2 full of dirty lines)")
     a = ap.parse_args()
     T, S = a.batch, a.ctx
     torch.manual_seed(0)
@@ -185,10 +188,14 @@ def main():
         for _ in range(2):
             fn(X)
         torch.cuda.synchronize()
-        flush = torch.empty(256 << 20, dtype=torch.uint8, device=dev)
+        flush = torch.zeros(256 << 20, dtype=torch.uint8, device=dev)
+        flush32 = flush.view(torch.int32)
         ts = []
         for _ in range(a.reps):
-            flush.zero_()
+            if a.flush == "dirty":
+                flush.zero_()
+            else:
+                flush32.max()   # reads every line; writes one scalar
             e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             e0.record()
             fn(X)
@@ -201,7 +208,7 @@ def main():
         ta = timeit(attn_half)
         tf = timeit(ffn_half)
     name = f"layer_decode_b{T}_ctx{S // 1024}K"
-    res = {"schema": "v41-torch/1", "device": torch.cuda.get_device_name(), "torch": torch.__version__,
+    res = {"schema": "v41-torch/1", "device": torch.cuda.get_device_name(), "torch": torch.__version__, "l2_flush": a.flush,
            "ops": [{"name": name + "_attn_half", "median_s": ta}, {"name": name + "_ffn_half", "median_s": tf},
                    {"name": name, "median_s": ta + tf}]}
     for o in res["ops"]:
