@@ -6,7 +6,8 @@
 // bytes the op must move through device memory (each input read once, each
 // output written once); FLOP counts are 2 per multiply-add. JSON schema
 // "v41-profile/1" (read by the simulator): {"schema","device","ceilings":
-// {"copy_GBps","bf16_gemm_TFLOPs"},"ops":[{"op","name","params","flops","bytes","median_s"}]}.
+// {"copy_GBps","bf16_gemm_TFLOPs","timing_floor_us","l2_flush"},"ops":[{"op","name","params","flops","bytes",
+// "median_s"[,"p10_s","p90_s"]}]} (the percentiles of the same samples, on records timed as one op).
 #include "g_internal.cuh"
 #include "v41_gpu_dev.h"
 #include <algorithm>
@@ -23,6 +24,7 @@ namespace {
 struct op_rec {
     std::string op, name, params;   // params: JSON object text
     double flops, bytes, median_s;
+    double p10_s, p90_s;   // the 10th and 90th percentile of the same samples (-1: not a single timing)
 };
 
 // How the L2 is emptied before each timed run (--flush):
@@ -59,6 +61,7 @@ struct bench {
     double copy_GBps = 0, gemm_TFLOPs = 0;
     double floor_s = 0;   // one empty kernel timed like every op (graph launch + events): see ceilings()
     std::vector<op_rec> ops;
+    double last_med = -1, last_p10 = -1, last_p90 = -1;   // of the latest time() call
     std::vector<void *> allocs;
 
     void *alloc(size_t n) {
@@ -123,7 +126,10 @@ struct bench {
         if (ge) cudaGraphExecDestroy(ge);
         if (gs) cudaGraphExecDestroy(gs);
         std::sort(ts.begin(), ts.end());
-        return ts[ts.size() / 2];
+        last_med = ts[ts.size() / 2];
+        last_p10 = ts[ts.size() / 10];
+        last_p90 = ts[(ts.size() * 9) / 10 < ts.size() ? (ts.size() * 9) / 10 : ts.size() - 1];
+        return last_med;
     }
     void sweep(void *buf) {
         flush_read_kernel<<<(unsigned)g_num_sms() * 4, 512, 0, st>>>((const uint4 *)buf, flush_bytes / 16,
@@ -143,7 +149,8 @@ struct bench {
     }
     void rec(const char *op, const std::string &name, const std::string &params, double flops, double bytes,
              double t) {
-        ops.push_back({op, name, params, flops, bytes, t});
+        const bool single = t == last_med;   // a record timed by the latest time() call, not a sum
+        ops.push_back({op, name, params, flops, bytes, t, single ? last_p10 : -1, single ? last_p90 : -1});
         double gbs = bytes / t * 1e-9, tf = flops / t * 1e-12;
         printf("%-12s %-34s %10.2f us %9.1f GB/s (%5.1f%% copy) %8.1f TFLOP/s (%5.1f%% gemm)  %s\n", op,
                name.c_str(), t * 1e6, gbs, copy_GBps > 0 ? 100 * gbs / copy_GBps : 0, tf,
@@ -1156,8 +1163,10 @@ int write_json(const bench &B, const char *path, const char *dev)
             B.mode == FLUSH_DIRTY ? "dirty" : B.mode == FLUSH_DRAIN ? "drain" : "clean");
     for (size_t i = 0; i < B.ops.size(); i++) {
         const op_rec &o = B.ops[i];
-        fprintf(f, "%s\n {\"op\":\"%s\",\"name\":\"%s\",\"params\":%s,\"flops\":%.6g,\"bytes\":%.6g,\"median_s\":%.6g}",
+        fprintf(f, "%s\n {\"op\":\"%s\",\"name\":\"%s\",\"params\":%s,\"flops\":%.6g,\"bytes\":%.6g,\"median_s\":%.6g",
                 i ? "," : "", o.op.c_str(), o.name.c_str(), o.params.c_str(), o.flops, o.bytes, o.median_s);
+        if (o.p10_s >= 0) fprintf(f, ",\"p10_s\":%.6g,\"p90_s\":%.6g", o.p10_s, o.p90_s);
+        fprintf(f, "}");
     }
     fprintf(f, "\n]}\n");
     if (fclose(f) || rename(tmp.c_str(), path)) { unlink(tmp.c_str()); fprintf(stderr, "v41 bench gpu: cannot write %s\n", path); return 2; }

@@ -886,6 +886,17 @@ int split_for(const v41g_wq *W, int M, bool wg, size_t ws_bytes, int *kps)
     const long ctas = (long)((W->N + WQ_BN - 1) / WQ_BN) * ((M + BM - 1) / BM), sms = g_num_sms();
     const long P = per_sm(W->fmt, BM, wg), slots = P * sms;
     const size_t per = sizeof(float) * (size_t)M * W->N;
+    // V41_WQ_SPLITS=n (read at every call): n splits instead of the rule's, for split sweeps and for
+    // tuning on another GPU; rounded to whole k tiles a split, fewer where the partials would not
+    // fit ws. The sum order, so the output bits, follow the split count.
+    if (const char *e = getenv("V41_WQ_SPLITS")) {
+        int n = std::min(atoi(e), KT);
+        if (n >= 1) {
+            while (n > 1 && per * n > ws_bytes) n--;
+            *kps = (KT + n - 1) / n;
+            return (KT + *kps - 1) / *kps;
+        }
+    }
     int sp = 1;
     double best = -1;
     // a full wave already: no split (partials would add 4*M*N bytes per split; measured 2x slower at M = 4096)
