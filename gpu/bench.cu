@@ -80,12 +80,18 @@ struct bench {
     // FLUSH_DRAIN: the drain sweep follows fn in the same graph, and each sample is paired with a
     // sweep alone launched the same way right before it; the median of the differences is returned
     // (pairing cancels the drift of the sweep's own time with the clocks).
-    double time(const std::function<int()> &fn, int nrep = 0, bool graph = true) {
+    double time(const std::function<int()> &fn, int nrep = 0, bool graph = true) { return times({fn}, nrep, graph)[0]; }
+    // The same for several ops at once, their samples interleaved (rep r of each, then rep r + 1):
+    // ratios between them are then free of the drift of clocks and temperature between sections.
+    // last_med / last_p10 / last_p90 are those of the first op.
+    std::vector<double> times(const std::vector<std::function<int()>> &fns, int nrep = 0, bool graph = true) {
         if (nrep <= 0 || nrep > reps) nrep = reps;
         const bool drain_on = mode == FLUSH_DRAIN;
+        const size_t n = fns.size();
         cudaEvent_t a, b;
         cudaEventCreate(&a); cudaEventCreate(&b);
-        for (int w = 0; w < 2; w++) if (fn()) { fprintf(stderr, "v41 bench gpu: kernel failed\n"); exit(2); }
+        for (const auto &fn : fns)
+            for (int w = 0; w < 2; w++) if (fn()) { fprintf(stderr, "v41 bench gpu: kernel failed\n"); exit(2); }
         auto capture = [&](const std::function<int()> &f) {
             cudaGraphExec_t ge = NULL;
             cudaGraph_t g = NULL;
@@ -100,8 +106,12 @@ struct bench {
             return ge;
         };
         const std::function<int()> sw = [&] { sweep(drain); return (int)cudaGetLastError(); };
-        cudaGraphExec_t ge = graph ? capture(drain_on ? std::function<int()>([&] { int rc = fn(); return rc ? rc : sw(); }) : fn)
-                                   : NULL;
+        std::vector<std::function<int()>> run(n);   // what one timed sample runs: the op (+ the drain sweep)
+        std::vector<cudaGraphExec_t> ge(n, (cudaGraphExec_t)NULL);
+        for (size_t i = 0; i < n; i++) {
+            run[i] = drain_on ? std::function<int()>([&, i] { int rc = fns[i](); return rc ? rc : sw(); }) : fns[i];
+            if (graph) ge[i] = capture(run[i]);
+        }
         cudaGraphExec_t gs = graph && drain_on ? capture(sw) : NULL;
         auto one = [&](int r, cudaGraphExec_t g, const std::function<int()> &f) {
             flush_l2(r);
@@ -114,22 +124,29 @@ struct bench {
             cudaEventElapsedTime(&ms, a, b);
             return ms * 1e-3;
         };
-        std::vector<double> ts;
-        for (int r = 0; r < nrep; r++) {
-            if (!drain_on) { ts.push_back(one(r, ge, fn)); continue; }
-            const double t0 = one(r, gs, sw);
-            ts.push_back(one(r, ge, [&] { int rc = fn(); return rc ? rc : sw(); }) - t0);
-        }
+        std::vector<std::vector<double>> ts(n);
+        for (int r = 0; r < nrep; r++)
+            for (size_t i = 0; i < n; i++) {
+                const double t0 = drain_on ? one(r, gs, sw) : 0.0;
+                ts[i].push_back(one(r, ge[i], run[i]) - t0);
+            }
         cudaError_t e = cudaGetLastError();
         if (e != cudaSuccess) { fprintf(stderr, "v41 bench gpu: %s\n", cudaGetErrorString(e)); exit(2); }
         cudaEventDestroy(a); cudaEventDestroy(b);
-        if (ge) cudaGraphExecDestroy(ge);
+        for (cudaGraphExec_t g : ge) if (g) cudaGraphExecDestroy(g);
         if (gs) cudaGraphExecDestroy(gs);
-        std::sort(ts.begin(), ts.end());
-        last_med = ts[ts.size() / 2];
-        last_p10 = ts[ts.size() / 10];
-        last_p90 = ts[(ts.size() * 9) / 10 < ts.size() ? (ts.size() * 9) / 10 : ts.size() - 1];
-        return last_med;
+        std::vector<double> med(n);
+        for (size_t i = 0; i < n; i++) {
+            std::vector<double> &t = ts[i];
+            std::sort(t.begin(), t.end());
+            med[i] = t[t.size() / 2];
+            if (i == 0) {
+                last_med = med[0];
+                last_p10 = t[t.size() / 10];
+                last_p90 = t[std::min(t.size() - 1, t.size() * 9 / 10)];
+            }
+        }
+        return med;
     }
     void sweep(void *buf) {
         flush_read_kernel<<<(unsigned)g_num_sms() * 4, 512, 0, st>>>((const uint4 *)buf, flush_bytes / 16,
@@ -442,8 +459,9 @@ void moe(bench &B, bool quick)
 // and both signs kept; fp4: any byte), every e8m0 scale 120 (2^-7). Bytes count the codes and
 // scales read once. Records are op "wq" (a class of their own: the simulator's bf16 "gemm" and
 // "moe" fits stay bf16-only); params compare with bf16 in the same run: "vs_cublas_bf16" = this
-// time / bf16 cuBLAS at the same shape (the gemm section's record when it ran, else timed here;
-// "cublas_bf16_s" the time used), and for the MoE "vs_dense" = this time / the dense cuBLAS GEMMs
+// time / bf16 cuBLAS at the same shape, timed here with each record's op, their samples interleaved
+// (B.times: since session 21; before, the gemm section's record, taken minutes earlier), and
+// "cublas_bf16_s" that cuBLAS time; and for the MoE "vs_dense" = this time / the dense cuBLAS GEMMs
 // of equal FLOPs (moe_dense_equiv) and "vs_moe_bf16" = this time / the bf16-weight MoE (when the
 // moe section ran).
 __global__ void g_bench_bytes_kernel(uint8_t *p, size_t n, uint64_t seed, uint32_t mask)
@@ -594,22 +612,24 @@ void wq(bench &B, bool quick, const char *match)
                 // and scales prepared), and with the quantization of the bf16 input (what the engine runs)
                 const bool want_f = f8 && M >= 128 && !skip_rec(match, nm + "_f8mma") && v41g_wq_f8_ok(&W);
                 if (!want_k && !want_d && !want_f) continue;
-                double tc = find_op(B, "gemm", "", fmt("{\"M\":%d,\"N\":%d,\"K\":%d,\"batch\":1}", M, s.N, s.K));
-                if (tc < 0) {
-                    if (!wb) {
-                        wb = (uint16_t *)B.alloc(nbf * 2);
-                        v41g_fill_bf16(wb, nbf, 53, 0.05f, B.st);
-                    }
-                    tc = B.time([&] { return v41g_gemm_bf16(x, wb, y, M, s.N, s.K, 0, 1, 0, 0, 0, B.st); });
+                // bf16 cuBLAS at the same shape, timed with each record's op, samples interleaved
+                if (!wb) {
+                    wb = (uint16_t *)B.alloc(nbf * 2);
+                    v41g_fill_bf16(wb, nbf, 53, 0.05f, B.st);
                 }
+                const std::function<int()> cub = [&] { return v41g_gemm_bf16(x, wb, y, M, s.N, s.K, 0, 1, 0, 0, 0, B.st); };
+                double tc = -1;   // the latest paired cuBLAS time (for the fp8 MMA records)
                 if (want_k) {
                     const size_t wsb = v41g_wq_ws_bytes(&W, M);
-                    double t = B.time([&] { return v41g_wq_gemm(&W, x, M, y, 0, ws, wsb, B.st); });
+                    const std::vector<double> tt = B.times({[&] { return v41g_wq_gemm(&W, x, M, y, 0, ws, wsb, B.st); }, cub});
+                    const double t = tt[0];
+                    tc = tt[1];
                     B.rec("wq", nm,
                           fmt("{\"M\":%d,\"N\":%d,\"K\":%d,\"weights\":\"%s\",\"ws_bytes\":%zu,\"vs_cublas_bf16\":%.4g,"
                               "\"cublas_bf16_s\":%.6g}", M, s.N, s.K, f8 ? "fp8" : "fp4", wsb, t / tc, tc),
                           2.0 * M * s.N * s.K, wby + 2.0 * M * s.K + 2.0 * M * s.N, t);
                 }
+                if (tc < 0 && want_f) tc = B.time(cub);
                 if (want_f) {
                     const int ldm = (M + 3) / 4 * 4;
                     if (!x8) {
@@ -640,7 +660,9 @@ void wq(bench &B, bool quick, const char *match)
                 // bytes: codes + scales read, bf16 weight written and read back, activations in and out
                 if (want_d) {
                     if (!wd) wd = (uint16_t *)B.alloc(nbf * 2);
-                    double td = B.time([&] { return engine_wq_linear(W, x, M, y, wd, nbf * 2, B.st); });
+                    const std::vector<double> tt = B.times({[&] { return engine_wq_linear(W, x, M, y, wd, nbf * 2, B.st); }, cub});
+                    const double td = tt[0];
+                    tc = tt[1];
                     B.rec("wq", nm + "_deq_cublas",
                           fmt("{\"M\":%d,\"N\":%d,\"K\":%d,\"weights\":\"%s\",\"path\":\"dequant+cublas\","
                               "\"vs_cublas_bf16\":%.4g,\"cublas_bf16_s\":%.6g}", M, s.N, s.K, f8 ? "fp8" : "fp4", td / tc, tc),
