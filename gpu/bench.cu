@@ -61,7 +61,8 @@ struct bench {
     double copy_GBps = 0, gemm_TFLOPs = 0;
     double floor_s = 0;   // one empty kernel timed like every op (graph launch + events): see ceilings()
     std::vector<op_rec> ops;
-    double last_med = -1, last_p10 = -1, last_p90 = -1;   // of the latest time() call
+    struct stat3 { double med, p10, p90; };
+    std::vector<stat3> recent;   // of the latest timings (the last 16), found by rec() by their median
     std::vector<void *> allocs;
 
     void *alloc(size_t n) {
@@ -83,7 +84,6 @@ struct bench {
     double time(const std::function<int()> &fn, int nrep = 0, bool graph = true) { return times({fn}, nrep, graph)[0]; }
     // The same for several ops at once, their samples interleaved (rep r of each, then rep r + 1):
     // ratios between them are then free of the drift of clocks and temperature between sections.
-    // last_med / last_p10 / last_p90 are those of the first op.
     std::vector<double> times(const std::vector<std::function<int()>> &fns, int nrep = 0, bool graph = true) {
         if (nrep <= 0 || nrep > reps) nrep = reps;
         const bool drain_on = mode == FLUSH_DRAIN;
@@ -140,12 +140,9 @@ struct bench {
             std::vector<double> &t = ts[i];
             std::sort(t.begin(), t.end());
             med[i] = t[t.size() / 2];
-            if (i == 0) {
-                last_med = med[0];
-                last_p10 = t[t.size() / 10];
-                last_p90 = t[std::min(t.size() - 1, t.size() * 9 / 10)];
-            }
+            recent.push_back({med[i], t[t.size() / 10], t[std::min(t.size() - 1, t.size() * 9 / 10)]});
         }
+        if (recent.size() > 16) recent.erase(recent.begin(), recent.end() - 16);
         return med;
     }
     void sweep(void *buf) {
@@ -166,8 +163,10 @@ struct bench {
     }
     void rec(const char *op, const std::string &name, const std::string &params, double flops, double bytes,
              double t) {
-        const bool single = t == last_med;   // a record timed by the latest time() call, not a sum
-        ops.push_back({op, name, params, flops, bytes, t, single ? last_p10 : -1, single ? last_p90 : -1});
+        double p10 = -1, p90 = -1;   // a record timed by one of the latest time() calls (not a sum of them)
+        for (auto r = recent.rbegin(); r != recent.rend(); ++r)
+            if (r->med == t) { p10 = r->p10; p90 = r->p90; break; }
+        ops.push_back({op, name, params, flops, bytes, t, p10, p90});
         double gbs = bytes / t * 1e-9, tf = flops / t * 1e-12;
         printf("%-12s %-34s %10.2f us %9.1f GB/s (%5.1f%% copy) %8.1f TFLOP/s (%5.1f%% gemm)  %s\n", op,
                name.c_str(), t * 1e6, gbs, copy_GBps > 0 ? 100 * gbs / copy_GBps : 0, tf,
