@@ -753,36 +753,29 @@ void wq(bench &B, bool quick, const char *match)
 // - pattern_rope: RoPE's read-modify-write of the last r elements of every (row, head) (d-element
 //   rows, 16-byte vectors), mapped like g_rope_vec_kernel (a block of 256 threads per row, 2
 //   vectors a thread), the data written back unchanged.
-__global__ void __launch_bounds__(256) pattern_read_kernel(const uint4 *__restrict__ x, size_t n, uint32_t *sink)
+// - pattern_copy: a dense copy of n 16-byte vectors the same way (rmsnorm's T x dim bf16 in and out):
+//   the copy ceiling at a small op's size, timed like the op (floor, flush method and all).
+// (one kernel for both: COPY stores each vector to y, else its bits go into the xor)
+template <bool COPY>
+__global__ void __launch_bounds__(256) pattern_stream_kernel(const uint4 *__restrict__ x, uint4 *__restrict__ y, size_t n,
+                                                             uint32_t *sink)
 {
     uint32_t a = 0;
     const size_t stride = (size_t)gridDim.x * blockDim.x;
     size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x;
+    auto use = [&](size_t j, const uint4 &v) {
+        if (COPY) y[j] = v;
+        else a ^= v.x ^ v.y ^ v.z ^ v.w;
+    };
     for (; i + 3 * stride < n; i += 4 * stride) {
         uint4 v[4];
 #pragma unroll
         for (int u = 0; u < 4; u++) v[u] = __ldcs(x + i + u * stride);
 #pragma unroll
-        for (int u = 0; u < 4; u++) a ^= v[u].x ^ v[u].y ^ v[u].z ^ v[u].w;
+        for (int u = 0; u < 4; u++) use(i + u * stride, v[u]);
     }
-    for (; i < n; i += stride) { uint4 v = __ldcs(x + i); a ^= v.x ^ v.y ^ v.z ^ v.w; }
-    if (a == 0x9e3779b9u) sink[0] = a;
-}
-
-// - pattern_copy: a dense copy of n 16-byte vectors the same way (rmsnorm's T x dim bf16 in and out):
-//   the copy ceiling at a small op's size, timed like the op (floor, flush method and all).
-__global__ void __launch_bounds__(256) pattern_copy_kernel(const uint4 *__restrict__ x, uint4 *__restrict__ y, size_t n)
-{
-    const size_t stride = (size_t)gridDim.x * blockDim.x;
-    size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x;
-    for (; i + 3 * stride < n; i += 4 * stride) {
-        uint4 v[4];
-#pragma unroll
-        for (int u = 0; u < 4; u++) v[u] = __ldcs(x + i + u * stride);
-#pragma unroll
-        for (int u = 0; u < 4; u++) y[i + u * stride] = v[u];
-    }
-    for (; i < n; i += stride) y[i] = __ldcs(x + i);
+    for (; i < n; i += stride) use(i, __ldcs(x + i));
+    if (!COPY && a == 0x9e3779b9u) sink[0] = a;
 }
 
 __global__ void __launch_bounds__(256) pattern_rope_kernel(uint16_t *x, int rows, int heads, int d, int r)
@@ -837,7 +830,7 @@ void small(bench &B, bool quick)
             const size_t nv = (size_t)T * D / 8;
             const unsigned nb = (unsigned)std::min<size_t>((nv + 255) / 256, (size_t)g_num_sms() * 8);
             t = B.time([&] {
-                pattern_copy_kernel<<<nb, 256, 0, B.st>>>((const uint4 *)x, (uint4 *)y, nv);
+                pattern_stream_kernel<true><<<nb, 256, 0, B.st>>>((const uint4 *)x, (uint4 *)y, nv, NULL);
                 return (int)cudaGetLastError();
             });
             B.rec("pattern", fmt("pattern_copy_T%d", T), p, 0, 2.0 * T * D * 2, t);
@@ -874,7 +867,7 @@ void small(bench &B, bool quick)
             uint32_t *sink = (uint32_t *)B.alloc(16);
             const unsigned nb = (unsigned)std::min<size_t>((nv + 255) / 256, (size_t)g_num_sms() * 8);
             t = B.time([&] {
-                pattern_read_kernel<<<nb, 256, 0, B.st>>>((const uint4 *)x, nv, sink);
+                pattern_stream_kernel<false><<<nb, 256, 0, B.st>>>((const uint4 *)x, NULL, nv, sink);
                 return (int)cudaGetLastError();
             });
             B.rec("pattern", fmt("pattern_read_X_T%d", T), mp, 0, (double)T * HC * D * 2, t);
