@@ -888,7 +888,8 @@ int split_for(const v41g_wq *W, int M, bool wg, size_t ws_bytes, int *kps)
     const size_t per = sizeof(float) * (size_t)M * W->N;
     // V41_WQ_SPLITS=n (read at every call): n splits instead of the rule's, for split sweeps and for
     // tuning on another GPU; rounded to whole k tiles a split, fewer where the partials would not
-    // fit ws. The sum order, so the output bits, follow the split count.
+    // fit ws. The sum order, so the output bits, follow the split count. (The decode kernel's dense
+    // calls, split_gemv, take it too, rounded to whole groups of 4 k tiles a split.)
     if (const char *e = getenv("V41_WQ_SPLITS")) {
         int n = std::min(atoi(e), KT);
         if (n >= 1) {
@@ -934,6 +935,8 @@ int split_gemv(const v41g_wq *W, int M, size_t ws_bytes, int *kps)
     const long ctas = (W->N + WQ_BN - 1) / WQ_BN, want = 4L * g_num_sms();
     const size_t per = sizeof(float) * (size_t)M * W->N;
     int sp = (int)std::min<long>(std::max(1, KT / 4), (want + ctas - 1) / ctas);
+    if (const char *e = getenv("V41_WQ_SPLITS"))   /* as in split_for (k ranges of whole groups here) */
+        if (atoi(e) >= 1) sp = std::min(atoi(e), KT);
     auto kps_of = [&](int n) { return ((KT + n - 1) / n + 3) / 4 * 4; };   /* whole groups of 4 tiles */
     *kps = kps_of(sp);
     sp = (KT + *kps - 1) / *kps;

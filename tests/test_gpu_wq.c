@@ -13,7 +13,8 @@
  *   - bad arguments: an error, nothing written;
  *   - the split-K sum four outputs a thread (outputs of at least 1024 x SMs elements) against the
  *     one-output kernel (V41_WQ_REDUCE1=1), bit for bit;
- *   - V41_WQ_SPLITS=n (1, 2, 3, 7): the workspace size follows n, results within the bound;
+ *   - V41_WQ_SPLITS=n (1, 2, 3, 7; tiled and decode kernels): the workspace size follows n, results
+ *     within the bound;
  *   - the fp8 MMA path (gpu/k_wq_f8.cu, case "f8"): v41g_act_quant_f8 against ref's act_quant,
  *     v41g_wq_gemm_f8 exact where every block sum fits 9 bits and within a derived bound of
  *     Hopper's fp8 accumulation otherwise (its derivation at f8_run), refusals, and the V41_WQ_F8MMA switch;
@@ -334,24 +335,26 @@ START_TEST(test_gemm_no_gemv)
 }
 END_TEST
 
-/* V41_WQ_SPLITS=n (read at every call) replaces the split rule of the tiled kernels' dense calls:
- * the workspace size follows n (whole k tiles a split: M 17, N 300, K 2048 has 32 k tiles, so
- * n = 1, 2, 3, 7 give 1, 2, 3, 7 splits of 32, 16, 11, 5 tiles), and every workspace size and
- * output type of run_gemm stays within its bound. _i: fp8 / fp4 x n. */
+/* V41_WQ_SPLITS=n (read at every call) replaces the split rule of dense calls: the workspace size
+ * follows n, and every workspace size and output type of run_gemm stays within its bound. N 300,
+ * K 2048 (32 k tiles); n = 1, 2, 3, 7. M = 17 (the tiled kernels: whole k tiles a split, so 1, 2,
+ * 3, 7 splits of 32, 16, 11, 5 tiles) and M = 1 (the decode kernel: whole groups of 4 tiles a
+ * split, so 1, 2, 3, 4 splits of 32, 16, 12, 8 tiles). _i: fp8 / fp4 x n x M. */
 START_TEST(test_gemm_splits)
 {
-    static const int ns[4] = {1, 2, 3, 7};
-    const int fmt = _i % 2 ? V41G_WQ_FP4 : V41G_WQ_FP8, n = ns[_i / 2];
-    enum { M = 17, N = 300, K = 2048 };
+    static const int ns[4] = {1, 2, 3, 7}, tiled[4] = {1, 2, 3, 7}, decode[4] = {1, 2, 3, 4};
+    const int fmt = _i % 2 ? V41G_WQ_FP4 : V41G_WQ_FP8, j = (_i / 2) % 4, M = _i < 8 ? 17 : 1, n = ns[j];
+    const int sp = M == 1 ? decode[j] : tiled[j];
+    enum { N = 300, K = 2048 };
     rng_seed(1300 + _i);
     qw q = qw_make(fmt, 1, N, K, 0, 0, fmt == V41G_WQ_FP8 ? gen_fp8_any : gen_fp4_any, 107, 131);
     v41g_wq W = qw_desc(&q, 0);
     char v[8];
     snprintf(v, sizeof v, "%d", n);
     setenv("V41_WQ_SPLITS", v, 1);
-    ck_assert_uint_eq(v41g_wq_ws_bytes(&W, M), n > 1 ? sizeof(float) * (size_t)n * M * N : 0);
-    char tag[32];
-    snprintf(tag, sizeof tag, "V41_WQ_SPLITS=%d", n);
+    ck_assert_uint_eq(v41g_wq_ws_bytes(&W, M), sp > 1 ? sizeof(float) * (size_t)sp * M * N : 0);
+    char tag[40];
+    snprintf(tag, sizeof tag, "V41_WQ_SPLITS=%d (%d splits)", n, sp);
     run_gemm(&q, &W, M, 1310 + _i, tag);
     unsetenv("V41_WQ_SPLITS");
     qw_free(&q);
@@ -972,7 +975,7 @@ static Suite *wq_suite(void)
     tcase_add_loop_test(tc, test_gemm_mma_fallback, 0, 2 * N_GM);
     tcase_add_loop_test(tc, test_gemm_no_gemv, 0, 2 * N_GM);
     tcase_add_loop_test(tc, test_gemm_reduce4, 0, 2);
-    tcase_add_loop_test(tc, test_gemm_splits, 0, 8);
+    tcase_add_loop_test(tc, test_gemm_splits, 0, 16);
     suite_add_tcase(s, tc);
     tc = tcase_create("grouped");
     tcase_set_timeout(tc, 120);
