@@ -47,13 +47,15 @@
 // (H200, session 14: 0.2-0.6 us less a call at 1 and 64 rows). Summing the splits in the GEMM
 // kernel instead (the last CTA of an output tile to arrive, by an atomic counter) was 2-8x slower:
 // its serial chain of partial loads cost more than the second launch (session 13; so was a
-// cluster reduction, session 12).
+// cluster reduction in general, session 12). The decode kernel sums its splits in a cluster where
+// the grid is one wave of at most 8 splits (gemv_cluster: idx_wq_b at one row; session 22).
 // Grouped calls (MoE): CTA (n tile, group) walks its group's rows in BM-row tiles; the group
 // offsets are read on the device, so a call never waits for the host.
 #include "g_internal.cuh"
 #include "k_attn_wgmma.cuh"
 #include "k_wq_wgmma.cuh"
 #include <algorithm>
+#include <cooperative_groups.h>
 #include <limits.h>
 #include <stdlib.h>
 
@@ -72,6 +74,8 @@ struct wq_args {
     float *part;                 /* split-K partials [gridDim.z][M][N], or NULL */
     int kt_per_split;
     int xr;                      /* g_wq_gemv_kernel: activation rows per m tile (1..8) */
+    int cl;                      /* g_wq_gemv_kernel: the gridDim.z splits of an n band are one cluster
+                                    and sum their partials in distributed shared memory (part NULL) */
 };
 
 __host__ __device__ constexpr int wq_wrow(int fmt) { return fmt == V41G_WQ_FP8 ? 64 : 32; }   /* code bytes per row per k tile */
@@ -537,6 +541,20 @@ __global__ void __launch_bounds__(256, BN <= 64 ? 2 : 1) g_wq_wgmma_kernel(wq_ar
 // load phase hit distinct banks), column k of the tile at position wq_pos_of(k): thread c's 16
 // values of all four k-steps are the 32 bytes at 32c, word 2s / 2s + 1 = B registers b0 / b1 of
 // k-step s (columns 16s + 2c, +1 and 16s + 2c + 8, +9).
+// shared memory of g_wq_gemv_kernel: xr staged activation rows of kps k tiles (128 bytes a tile, 16
+// of padding a row); a cluster call (wq_args.cl) adds the partial tile [xr][WQ_BN] fp32 after them
+__host__ __device__ inline size_t gemv_smem(int xr, int kps) { return (size_t)xr * (128 * (size_t)kps + 16); }
+__host__ __device__ inline size_t gemv_smem_cl(int xr, int kps, bool cl)
+{
+    return gemv_smem(xr, kps) + (cl ? sizeof(float) * WQ_BN * (size_t)xr : 0);
+}
+// thread-block clusters (compute 9.0+); an sm_80 build compiles the cluster sum out and never asks for it
+#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 900
+#define WQ_HAVE_CLUSTER 1
+namespace cg = cooperative_groups;
+#else
+#define WQ_HAVE_CLUSTER 0
+#endif
 template <int FMT> struct wq_gv {
     static constexpr int P = FMT == V41G_WQ_FP8 ? 2 : 4;   /* tiles in flight per warp (4 KB either way) */
     static constexpr int RW = FMT == V41G_WQ_FP8 ? 4 : 2;  /* 32-bit code words per row per tile */
@@ -549,7 +567,8 @@ __device__ __forceinline__ void wq_ld_stream(uint32_t *r, const uint8_t *p, int 
     else
         asm volatile("ld.global.nc.L1::no_allocate.L2::256B.v2.u32 {%0,%1}, [%2];\n" : "=r"(r[0]), "=r"(r[1]) : "l"(p));
 }
-template <int FMT>
+// CL: the splits sum in a cluster (a.cl; its own instance, so the plain one's registers stay as they were)
+template <int FMT, bool CL>
 __global__ void __launch_bounds__(128, 4) g_wq_gemv_kernel(wq_args a)
 {
     constexpr int WROW = wq_wrow(FMT), WT = WQ_BN * WROW, P = wq_gv<FMT>::P, RW = wq_gv<FMT>::RW;
@@ -669,13 +688,43 @@ __global__ void __launch_bounds__(128, 4) g_wq_gemv_kernel(wq_args a)
                 for (int w = 0; w < SW; w++) scg[i][w] = scn[i][w];
         }
         // acc[mt][e] = (weight row 16mt + g (+8 for e >= 2) of the warp, activation row 2c (+1 for odd e))
+        if constexpr (CL) {
+#if WQ_HAVE_CLUSTER
+            // the band's splits are the ranks of one cluster: each puts its partial tile [mrows][128]
+            // after the staged rows (the same offset in every rank: gemv_smem of the full k range),
+            // then rank R sums its share of the outputs over ranks 0, 1, .. in order (the additions
+            // of g_wq_reduce_kernel, so the same bits) and stores them
+            float *ps = (float *)(wq_smg + gemv_smem(XR, a.kt_per_split));
 #pragma unroll
-        for (int mt = 0; mt < 2; mt++)
+            for (int mt = 0; mt < 2; mt++)
 #pragma unroll
-            for (int e = 0; e < 4; e++) {
-                const int n = C.n0 + warp * 32 + 16 * mt + g + (e >> 1) * 8, r = 2 * c + (e & 1);
-                if (n < a.N && r < mrows) wq_store(a, m0, r, n, acc[mt][e]);
+                for (int e = 0; e < 4; e++) {
+                    const int r = 2 * c + (e & 1);
+                    if (r < mrows) ps[r * WQ_BN + warp * 32 + 16 * mt + g + (e >> 1) * 8] = acc[mt][e];
+                }
+            cg::cluster_group cl = cg::this_cluster();
+            cl.sync();   // every rank's partial is written (release / acquire)
+            const int S = (int)cl.num_blocks(), R = (int)cl.block_rank(), tot = mrows * WQ_BN, ch = (tot + S - 1) / S;
+            for (int q = R * ch + tid; q < min(tot, (R + 1) * ch); q += 128) {
+                const int n = C.n0 + q % WQ_BN;
+                if (n >= a.N) continue;
+                float v = *cl.map_shared_rank(ps + q, 0);
+                for (int z = 1; z < S; z++) v += *cl.map_shared_rank(ps + q, z);
+                wq_store(a, m0, q / WQ_BN, n, v);
             }
+            cl.sync();   // no rank leaves (or overwrites its tile) while another may still read it
+#else
+            __trap();   // (never launched without clusters)
+#endif
+        } else {
+#pragma unroll
+            for (int mt = 0; mt < 2; mt++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    const int n = C.n0 + warp * 32 + 16 * mt + g + (e >> 1) * 8, r = 2 * c + (e & 1);
+                    if (n < a.N && r < mrows) wq_store(a, m0, r, n, acc[mt][e]);
+                }
+        }
         // (no g_pdl_trigger in this kernel: the reduction launches as its CTAs exit; with a trigger
         // anywhere in it the fp4 instance, at its 128-register cap, spilled 12 bytes; session 13)
     }
@@ -919,17 +968,26 @@ int split_for(const v41g_wq *W, int M, bool wg, size_t ws_bytes, int *kps)
 // most 8 rows per group on average, unless V41_WQ_NO_GEMV is set (read at every call: the tests
 // compare it with the tiled kernels), K % 256 != 0, or its staged rows do not fit shared memory.
 bool use_gemv() { return !g_env_flag("V41_WQ_NO_GEMV"); }
-size_t gemv_smem(int xr, int kps) { return (size_t)xr * (128 * (size_t)kps + 16); }
 // (the kernel loads the scale bytes of 4 (fp4) or 2 (fp8) tiles at once and runs whole groups of
 // 4 tiles: K % 256 == 0, k ranges of whole groups, 8-byte aligned scale rows and groups)
-bool gemv_ok(const v41g_wq *W, int xr, int kps)
+bool gemv_ok(const v41g_wq *W, int xr, int kps, bool cl)
 {
     return W->K % 256 == 0 && kps % 4 == 0 && ((uintptr_t)W->s | (uintptr_t)W->s_stride) % 8 == 0 &&
-           gemv_smem(xr, kps) <= (size_t)g_smem_optin();
+           gemv_smem_cl(xr, kps, cl) <= (size_t)g_smem_optin();
+}
+// Whether the splits of a dense decode call may sum in a cluster (g_wq_gemv_kernel with wq_args.cl):
+// 2..8 of them (the portable cluster size), the whole grid resident at once (at most the four CTAs
+// an SM of the split rule), compute 9.0+ and V41_WQ_NO_CLUSTER unset (read at every call). Session
+// 12 measured the cluster sum slower than the second kernel wherever the grid took more than one
+// wave (co-scheduling 5-8 CTAs that wait for free slots) and faster for idx_wq_b (160 CTAs).
+bool gemv_cluster(long ctas, int sp)
+{
+    return sp >= 2 && sp <= 8 && ctas * sp <= 4L * g_num_sms() && g_cc_major() >= 9 && !g_env_flag("V41_WQ_NO_CLUSTER");
 }
 // Split count of a dense decode call: enough CTAs for about four per SM (the kernel keeps 4 warps x
-// P tiles in flight per CTA), at least 4 k tiles per split, the partials within ws.
-int split_gemv(const v41g_wq *W, int M, size_t ws_bytes, int *kps)
+// P tiles in flight per CTA), at least 4 k tiles per split, the partials within ws unless the
+// splits sum in a cluster (*cl; no workspace then).
+int split_gemv(const v41g_wq *W, int M, size_t ws_bytes, int *kps, bool *cl)
 {
     const int KT = (W->K + 63) / 64;
     const long ctas = (W->N + WQ_BN - 1) / WQ_BN, want = 4L * g_num_sms();
@@ -939,39 +997,44 @@ int split_gemv(const v41g_wq *W, int M, size_t ws_bytes, int *kps)
         if (atoi(e) >= 1) sp = std::min(atoi(e), KT);
     auto kps_of = [&](int n) { return ((KT + n - 1) / n + 3) / 4 * 4; };   /* whole groups of 4 tiles */
     *kps = kps_of(sp);
-    sp = (KT + *kps - 1) / *kps;
+    sp = (KT + *kps - 1) / *kps;   /* so every split has tiles (the cluster sum needs every rank) */
+    if ((*cl = gemv_cluster(ctas, sp))) return sp;
     while (sp > 1 && per * sp > ws_bytes) {
         *kps = kps_of(sp - 1);
         sp = (KT + *kps - 1) / *kps;
     }
+    *cl = gemv_cluster(ctas, sp);
     return sp;
 }
-// the split plan of a dense call: gemv or the tiled kernels (wg: wgmma or mma.sync)
-int plan(const v41g_wq *W, int M, bool wg, size_t ws_bytes, int *kps, bool *gv)
+// the split plan of a dense call: gemv (*cl: its splits sum in a cluster) or the tiled kernels
+// (wg: wgmma or mma.sync)
+int plan(const v41g_wq *W, int M, bool wg, size_t ws_bytes, int *kps, bool *gv, bool *cl)
 {
-    *gv = false;
+    *gv = *cl = false;
     if (M <= 8 && use_gemv()) {
-        int k, sp = split_gemv(W, M, ws_bytes, &k);
-        if (gemv_ok(W, M, k)) {
+        bool c;
+        int k, sp = split_gemv(W, M, ws_bytes, &k, &c);
+        if (gemv_ok(W, M, k, c)) {
             *gv = true;
+            *cl = c;
             *kps = k;
             return sp;
         }
     }
     return split_for(W, M, wg, ws_bytes, kps);
 }
+// a.cl: grid.z splits as clusters of (1, 1, grid.z)
 int launch_gemv(int fmt, dim3 grid, const wq_args &a, cudaStream_t st)
 {
-    const int sm = (int)gemv_smem(a.xr, a.kt_per_split);
-    if (fmt == V41G_WQ_FP8) {
-        if (int rc = set_smem(g_wq_gemv_kernel<V41G_WQ_FP8>, sm)) return rc;
-        g_wq_gemv_kernel<V41G_WQ_FP8><<<grid, 128, sm, st>>>(a);
-    } else {
-        if (int rc = set_smem(g_wq_gemv_kernel<V41G_WQ_FP4>, sm)) return rc;
-        g_wq_gemv_kernel<V41G_WQ_FP4><<<grid, 128, sm, st>>>(a);
-    }
-    G_LAUNCHED();
-    return 0;
+    const int sm = (int)gemv_smem_cl(a.xr, a.kt_per_split, a.cl);
+    const cudaLaunchAttribute at = g_attr_cluster(dim3(1, 1, grid.z));
+    auto go = [&](auto *kern) -> int {
+        if (int rc = set_smem(kern, sm)) return rc;
+        G_CHECK(g_launch_ex(kern, grid, dim3(128), sm, st, a.cl ? &at : NULL, a));
+        return 0;
+    };
+    if (fmt == V41G_WQ_FP8) return a.cl ? go(g_wq_gemv_kernel<V41G_WQ_FP8, true>) : go(g_wq_gemv_kernel<V41G_WQ_FP8, false>);
+    return a.cl ? go(g_wq_gemv_kernel<V41G_WQ_FP4, true>) : go(g_wq_gemv_kernel<V41G_WQ_FP4, false>);
 }
 
 template <int FMT, int BM>
@@ -1009,6 +1072,7 @@ wq_args args_of(const v41g_wq *W, const uint16_t *x, int M, void *y, int out_f32
     a.y = y; a.out_f32 = out_f32; a.part = NULL;
     a.kt_per_split = (W->K + 63) / 64;
     a.xr = 8;
+    a.cl = 0;
     return a;
 }
 
@@ -1060,9 +1124,9 @@ extern "C" size_t v41g_wq_ws_bytes(const v41g_wq *W, int M)
 {
     if (!wq_valid(W) || M <= 0) return 0;
     if (v41g_wq_f8_active(W)) return f8_ws(W, M);
-    bool gv;
-    int kps, sp = plan(W, M, use_wgmma(), (size_t)-1, &kps, &gv);
-    return sp > 1 ? sizeof(float) * (size_t)sp * M * W->N : 0;
+    bool gv, cl;
+    int kps, sp = plan(W, M, use_wgmma(), (size_t)-1, &kps, &gv, &cl);
+    return sp > 1 && !cl ? sizeof(float) * (size_t)sp * M * W->N : 0;
 }
 
 extern "C" int v41g_wq_gemm(const v41g_wq *W, const uint16_t *x, int M, void *y, int out_f32, void *ws,
@@ -1076,16 +1140,17 @@ extern "C" int v41g_wq_gemm(const v41g_wq *W, const uint16_t *x, int M, void *y,
     const bool wg = use_wgmma();
     const int BM = bm_for(M, wg);
     wq_args a = args_of(W, x, M, y, out_f32);
-    bool gv;
-    const int sp = plan(W, M, wg, ws ? ws_bytes : 0, &a.kt_per_split, &gv);
-    if (sp > 1) a.part = (float *)ws;
+    bool gv, cl;
+    const int sp = plan(W, M, wg, ws ? ws_bytes : 0, &a.kt_per_split, &gv, &cl);
+    if (sp > 1 && !cl) a.part = (float *)ws;
     int rc;
     if (gv) {
         a.xr = M;
+        a.cl = cl;
         rc = launch_gemv(W->fmt, dim3((W->N + WQ_BN - 1) / WQ_BN, 1, sp), a, st);
     } else
         rc = launch(W->fmt, BM, dim3((W->N + WQ_BN - 1) / WQ_BN, (M + BM - 1) / BM, sp), a, st, wg);
-    if (rc || sp == 1) return rc;
+    if (rc || sp == 1 || cl) return rc;
     const size_t MN = (size_t)M * W->N;
     // PDL: the reduction's launch overlaps the end of the GEMM (it waits for the partials on the device)
     if (MN % 4 == 0 && MN >= (size_t)1024 * g_num_sms() && !g_env_flag("V41_WQ_REDUCE1") && (uintptr_t)a.part % 16 == 0 &&
@@ -1115,7 +1180,7 @@ extern "C" int v41g_wq_gemm_grouped(const v41g_wq *W, int G, const int32_t *off,
     const int mean = (M_total + G - 1) / G;
     if (mean <= 8 && use_gemv()) {
         a.xr = mean <= 2 ? 4 : 8;   /* groups of more rows loop over m tiles (the weights again) */
-        if (gemv_ok(W, a.xr, a.kt_per_split))
+        if (gemv_ok(W, a.xr, a.kt_per_split, false))
             return launch_gemv(W->fmt, dim3((W->N + WQ_BN - 1) / WQ_BN, G, 1), a, G_STREAM(s));
     }
     return launch(W->fmt, BM, dim3((W->N + WQ_BN - 1) / WQ_BN, G, 1), a, G_STREAM(s), wg);

@@ -15,6 +15,8 @@
  *     one-output kernel (V41_WQ_REDUCE1=1), bit for bit;
  *   - V41_WQ_SPLITS=n (1, 2, 3, 7; tiled and decode kernels): the workspace size follows n, results
  *     within the bound;
+ *   - the decode kernel's splits summed in a thread-block cluster (compute 9.0+) against the
+ *     second kernel's sum (V41_WQ_NO_CLUSTER=1), bit for bit, and where the cluster is not used;
  *   - the fp8 MMA path (gpu/k_wq_f8.cu, case "f8"): v41g_act_quant_f8 against ref's act_quant,
  *     v41g_wq_gemm_f8 exact where every block sum fits 9 bits and within a derived bound of
  *     Hopper's fp8 accumulation otherwise (its derivation at f8_run), refusals, and the V41_WQ_F8MMA switch;
@@ -335,16 +337,29 @@ START_TEST(test_gemm_no_gemv)
 }
 END_TEST
 
+/* compute capability major of the device, from v41g_device_name ("NVIDIA H200 (sm_90, 132 SMs)") */
+static int cc_major(void)
+{
+    char name[256];
+    ck_assert_int_eq(v41g_device_name(name, sizeof name), 0);
+    const char *p = strstr(name, "(sm_");
+    ck_assert_msg(p != NULL, "device name without (sm_..): %s", name);
+    return atoi(p + 4) / 10;
+}
+
 /* V41_WQ_SPLITS=n (read at every call) replaces the split rule of dense calls: the workspace size
  * follows n, and every workspace size and output type of run_gemm stays within its bound. N 300,
  * K 2048 (32 k tiles); n = 1, 2, 3, 7. M = 17 (the tiled kernels: whole k tiles a split, so 1, 2,
  * 3, 7 splits of 32, 16, 11, 5 tiles) and M = 1 (the decode kernel: whole groups of 4 tiles a
- * split, so 1, 2, 3, 4 splits of 32, 16, 12, 8 tiles). _i: fp8 / fp4 x n x M. */
+ * split, so 1, 2, 3, 4 splits of 32, 16, 12, 8 tiles). On compute 9.0+ the decode kernel's splits
+ * here (3 bands x at most 8 splits: one wave) sum in a thread-block cluster and need no workspace;
+ * _i 16..23 repeat the M = 1 cases with V41_WQ_NO_CLUSTER=1 (the partials in the workspace, summed
+ * by the second kernel). _i: fp8 / fp4 x n x M (x cluster). */
 START_TEST(test_gemm_splits)
 {
     static const int ns[4] = {1, 2, 3, 7}, tiled[4] = {1, 2, 3, 7}, decode[4] = {1, 2, 3, 4};
     const int fmt = _i % 2 ? V41G_WQ_FP4 : V41G_WQ_FP8, j = (_i / 2) % 4, M = _i < 8 ? 17 : 1, n = ns[j];
-    const int sp = M == 1 ? decode[j] : tiled[j];
+    const int sp = M == 1 ? decode[j] : tiled[j], nocl = _i >= 16, cl = M == 1 && sp > 1 && !nocl && cc_major() >= 9;
     enum { N = 300, K = 2048 };
     rng_seed(1300 + _i);
     qw q = qw_make(fmt, 1, N, K, 0, 0, fmt == V41G_WQ_FP8 ? gen_fp8_any : gen_fp4_any, 107, 131);
@@ -352,12 +367,71 @@ START_TEST(test_gemm_splits)
     char v[8];
     snprintf(v, sizeof v, "%d", n);
     setenv("V41_WQ_SPLITS", v, 1);
-    ck_assert_uint_eq(v41g_wq_ws_bytes(&W, M), sp > 1 ? sizeof(float) * (size_t)sp * M * N : 0);
-    char tag[40];
-    snprintf(tag, sizeof tag, "V41_WQ_SPLITS=%d (%d splits)", n, sp);
+    if (nocl) setenv("V41_WQ_NO_CLUSTER", "1", 1);
+    ck_assert_uint_eq(v41g_wq_ws_bytes(&W, M), sp > 1 && !cl ? sizeof(float) * (size_t)sp * M * N : 0);
+    char tag[64];
+    snprintf(tag, sizeof tag, "V41_WQ_SPLITS=%d (%d splits%s)", n, sp, cl ? ", cluster sum" : nocl ? ", no cluster" : "");
     run_gemm(&q, &W, M, 1310 + _i, tag);
     unsetenv("V41_WQ_SPLITS");
+    unsetenv("V41_WQ_NO_CLUSTER");
     qw_free(&q);
+}
+END_TEST
+
+/* The decode kernel's cluster sum (compute 9.0+; skipped below) against the second kernel's
+ * (V41_WQ_NO_CLUSTER=1, the partials in the workspace): the same additions in the same order, so
+ * bit for bit, fp32 and bf16 out; and within the bound of run_gemm. N 300 (3 bands), K 2048 (32 k
+ * tiles), M = 1, 5, 8 rows; the split rule (8 splits of 4 tiles: the largest cluster) and
+ * V41_WQ_SPLITS=3 (12, 12 and 8 tiles: a shorter last rank). And where the rule asks for more
+ * than 8 splits (K 4096: 16) or more than one wave of CTAs (N 128 x 200 bands, 3 splits), no
+ * cluster: the workspace size says so. _i: fp8 / fp4 x M x splits. */
+START_TEST(test_gemm_cluster)
+{
+    static const int Ms[3] = {1, 5, 8};
+    const int fmt = _i % 2 ? V41G_WQ_FP4 : V41G_WQ_FP8, M = Ms[(_i / 2) % 3], three = _i >= 6;
+    if (cc_major() < 9) return;   /* (no clusters: test_gemm_splits covers the workspace sums) */
+    enum { N = 300, K = 2048 };
+    rng_seed(1400 + _i);
+    qw q = qw_make(fmt, 1, N, K, 0, 0, fmt == V41G_WQ_FP8 ? gen_fp8_any : gen_fp4_any, 107, 131);
+    v41g_wq W = qw_desc(&q, 0);
+    if (three) setenv("V41_WQ_SPLITS", "3", 1);
+    const size_t ny = (size_t)M * N;
+    ck_assert_uint_eq(v41g_wq_ws_bytes(&W, M), 0);   /* the splits sum in a cluster */
+    setenv("V41_WQ_NO_CLUSTER", "1", 1);
+    const size_t wsb = v41g_wq_ws_bytes(&W, M);
+    unsetenv("V41_WQ_NO_CLUSTER");
+    ck_assert_uint_eq(wsb, sizeof(float) * (size_t)(three ? 3 : 8) * ny);
+    uint16_t *x = rand_x(M, K), *dx = up(x, 2 * (size_t)M * K);
+    void *ws = dpoison(wsb);
+    float *dc = dpoison(4 * ny), *dk = dpoison(4 * ny);
+    uint16_t *bc = dpoison(2 * ny), *bk = dpoison(2 * ny);
+    ck_assert_int_eq(v41g_wq_gemm(&W, dx, M, dc, 1, NULL, 0, NULL), 0);
+    ck_assert_int_eq(v41g_wq_gemm(&W, dx, M, bc, 0, NULL, 0, NULL), 0);
+    setenv("V41_WQ_NO_CLUSTER", "1", 1);
+    ck_assert_int_eq(v41g_wq_gemm(&W, dx, M, dk, 1, ws, wsb, NULL), 0);
+    ck_assert_int_eq(v41g_wq_gemm(&W, dx, M, bk, 0, ws, wsb, NULL), 0);
+    unsetenv("V41_WQ_NO_CLUSTER");
+    unsetenv("V41_WQ_SPLITS");
+    float *yc = down(dc, 4 * ny), *yk = down(dk, 4 * ny);
+    uint16_t *cc = down(bc, 2 * ny), *ck = down(bk, 2 * ny);
+    check_same("cluster sum against the second kernel (fp32 out)", yc, yk, 4 * ny);
+    check_same("cluster sum against the second kernel (bf16 out)", cc, ck, 2 * ny);
+    double *exp = malloc(sizeof(double) * ny), *mag = malloc(sizeof(double) * ny);
+    ref_rows(x, NULL, 0, M, q.deq, N, K, exp, mag);
+    check_out("cluster sum", yc, 1, exp, mag, ny, K);
+    check_out("cluster sum", cc, 0, exp, mag, ny, K);
+    v41g_free(dx); v41g_free(ws); v41g_free(dc); v41g_free(dk); v41g_free(bc); v41g_free(bk);
+    free(x); free(yc); free(yk); free(cc); free(ck); free(exp); free(mag);
+    qw_free(&q);
+    if (_i > 1) return;
+    /* no cluster: 16 splits (K 4096, 3 bands), or 3 splits of 200 bands (600 CTAs) */
+    const int shp[2][2] = {{300, 4096}, {128 * 200, 2048}}, nsp[2] = {16, 3};
+    for (int c = 0; c < 2; c++) {
+        qw r = qw_make(fmt, 1, shp[c][0], shp[c][1], 0, 0, fmt == V41G_WQ_FP8 ? gen_fp8_any : gen_fp4_any, 107, 131);
+        v41g_wq R = qw_desc(&r, 0);
+        ck_assert_uint_eq(v41g_wq_ws_bytes(&R, 1), sizeof(float) * (size_t)nsp[c] * shp[c][0]);
+        qw_free(&r);
+    }
 }
 END_TEST
 
@@ -975,7 +1049,8 @@ static Suite *wq_suite(void)
     tcase_add_loop_test(tc, test_gemm_mma_fallback, 0, 2 * N_GM);
     tcase_add_loop_test(tc, test_gemm_no_gemv, 0, 2 * N_GM);
     tcase_add_loop_test(tc, test_gemm_reduce4, 0, 2);
-    tcase_add_loop_test(tc, test_gemm_splits, 0, 16);
+    tcase_add_loop_test(tc, test_gemm_splits, 0, 24);
+    tcase_add_loop_test(tc, test_gemm_cluster, 0, 12);
     suite_add_tcase(s, tc);
     tc = tcase_create("grouped");
     tcase_set_timeout(tc, 120);
