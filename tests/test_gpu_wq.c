@@ -337,6 +337,38 @@ START_TEST(test_gemm_no_gemv)
 }
 END_TEST
 
+/* v41g_wq_gemm of x [M][K] two ways, fp32 and bf16 out: first as the environment stands, with
+ * workspace wsa (na bytes), then with environment variable var set to "1", with wsb (nb bytes).
+ * The two must agree bit for bit (what: the two sums) and be within the bound of run_gemm. */
+static void gemm_two_ways(const qw *q, const v41g_wq *W, const uint16_t *x, int M, void *wsa, size_t na,
+                          const char *var, void *wsb, size_t nb, const char *what)
+{
+    const int N = W->N, K = W->K;
+    const size_t ny = (size_t)M * N;
+    uint16_t *dx = up(x, 2 * (size_t)M * K);
+    float *da = dpoison(4 * ny), *db = dpoison(4 * ny);
+    uint16_t *ba = dpoison(2 * ny), *bb = dpoison(2 * ny);
+    ck_assert_int_eq(v41g_wq_gemm(W, dx, M, da, 1, wsa, na, NULL), 0);
+    ck_assert_int_eq(v41g_wq_gemm(W, dx, M, ba, 0, wsa, na, NULL), 0);
+    setenv(var, "1", 1);
+    ck_assert_int_eq(v41g_wq_gemm(W, dx, M, db, 1, wsb, nb, NULL), 0);
+    ck_assert_int_eq(v41g_wq_gemm(W, dx, M, bb, 0, wsb, nb, NULL), 0);
+    unsetenv(var);
+    float *ya = down(da, 4 * ny), *yb = down(db, 4 * ny);
+    uint16_t *ca = down(ba, 2 * ny), *cb = down(bb, 2 * ny);
+    char msg[160];
+    snprintf(msg, sizeof msg, "%s (fp32 out)", what);
+    check_same(msg, ya, yb, 4 * ny);
+    snprintf(msg, sizeof msg, "%s (bf16 out)", what);
+    check_same(msg, ca, cb, 2 * ny);
+    double *exp = malloc(sizeof(double) * ny), *mag = malloc(sizeof(double) * ny);
+    ref_rows(x, NULL, 0, M, q->deq, N, K, exp, mag);
+    check_out(what, ya, 1, exp, mag, ny, K);
+    check_out(what, ca, 0, exp, mag, ny, K);
+    v41g_free(dx); v41g_free(da); v41g_free(db); v41g_free(ba); v41g_free(bb);
+    free(ya); free(yb); free(ca); free(cb); free(exp); free(mag);
+}
+
 /* compute capability major of the device, from v41g_device_name ("NVIDIA H200 (sm_90, 132 SMs)") */
 static int cc_major(void)
 {
@@ -401,27 +433,12 @@ START_TEST(test_gemm_cluster)
     const size_t wsb = v41g_wq_ws_bytes(&W, M);
     unsetenv("V41_WQ_NO_CLUSTER");
     ck_assert_uint_eq(wsb, sizeof(float) * (size_t)(three ? 3 : 8) * ny);
-    uint16_t *x = rand_x(M, K), *dx = up(x, 2 * (size_t)M * K);
+    uint16_t *x = rand_x(M, K);
     void *ws = dpoison(wsb);
-    float *dc = dpoison(4 * ny), *dk = dpoison(4 * ny);
-    uint16_t *bc = dpoison(2 * ny), *bk = dpoison(2 * ny);
-    ck_assert_int_eq(v41g_wq_gemm(&W, dx, M, dc, 1, NULL, 0, NULL), 0);
-    ck_assert_int_eq(v41g_wq_gemm(&W, dx, M, bc, 0, NULL, 0, NULL), 0);
-    setenv("V41_WQ_NO_CLUSTER", "1", 1);
-    ck_assert_int_eq(v41g_wq_gemm(&W, dx, M, dk, 1, ws, wsb, NULL), 0);
-    ck_assert_int_eq(v41g_wq_gemm(&W, dx, M, bk, 0, ws, wsb, NULL), 0);
-    unsetenv("V41_WQ_NO_CLUSTER");
+    gemm_two_ways(&q, &W, x, M, NULL, 0, "V41_WQ_NO_CLUSTER", ws, wsb, "cluster sum against the second kernel");
     unsetenv("V41_WQ_SPLITS");
-    float *yc = down(dc, 4 * ny), *yk = down(dk, 4 * ny);
-    uint16_t *cc = down(bc, 2 * ny), *ck = down(bk, 2 * ny);
-    check_same("cluster sum against the second kernel (fp32 out)", yc, yk, 4 * ny);
-    check_same("cluster sum against the second kernel (bf16 out)", cc, ck, 2 * ny);
-    double *exp = malloc(sizeof(double) * ny), *mag = malloc(sizeof(double) * ny);
-    ref_rows(x, NULL, 0, M, q.deq, N, K, exp, mag);
-    check_out("cluster sum", yc, 1, exp, mag, ny, K);
-    check_out("cluster sum", cc, 0, exp, mag, ny, K);
-    v41g_free(dx); v41g_free(ws); v41g_free(dc); v41g_free(dk); v41g_free(bc); v41g_free(bk);
-    free(x); free(yc); free(yk); free(cc); free(ck); free(exp); free(mag);
+    v41g_free(ws);
+    free(x);
     qw_free(&q);
     if (_i > 1) return;
     /* no cluster: 16 splits (K 4096, 3 bands), or 3 splits of 200 bands (600 CTAs) */
@@ -446,28 +463,13 @@ START_TEST(test_gemm_reduce4)
     const int fmt = _i ? V41G_WQ_FP4 : V41G_WQ_FP8;
     qw q = qw_make(fmt, 1, N, K, 0, 0, fmt == V41G_WQ_FP8 ? gen_fp8_any : gen_fp4_any, 107, 131);
     v41g_wq W = qw_desc(&q, 0);
-    const size_t wsb = v41g_wq_ws_bytes(&W, M), ny = (size_t)M * N;
+    const size_t wsb = v41g_wq_ws_bytes(&W, M);
     ck_assert_uint_gt(wsb, 0);   /* the call splits */
-    uint16_t *x = rand_x(M, K), *dx = up(x, 2 * (size_t)M * K);
+    uint16_t *x = rand_x(M, K);
     void *ws = dpoison(wsb);
-    float *d4 = dpoison(4 * ny), *d1 = dpoison(4 * ny);
-    uint16_t *b4 = dpoison(2 * ny), *b1 = dpoison(2 * ny);
-    ck_assert_int_eq(v41g_wq_gemm(&W, dx, M, d4, 1, ws, wsb, NULL), 0);
-    ck_assert_int_eq(v41g_wq_gemm(&W, dx, M, b4, 0, ws, wsb, NULL), 0);
-    setenv("V41_WQ_REDUCE1", "1", 1);
-    ck_assert_int_eq(v41g_wq_gemm(&W, dx, M, d1, 1, ws, wsb, NULL), 0);
-    ck_assert_int_eq(v41g_wq_gemm(&W, dx, M, b1, 0, ws, wsb, NULL), 0);
-    unsetenv("V41_WQ_REDUCE1");
-    float *y4 = down(d4, 4 * ny), *y1 = down(d1, 4 * ny);
-    uint16_t *c4 = down(b4, 2 * ny), *c1 = down(b1, 2 * ny);
-    check_same("split-K sum, four outputs a thread against one (fp32 out)", y4, y1, 4 * ny);
-    check_same("split-K sum, four outputs a thread against one (bf16 out)", c4, c1, 2 * ny);
-    double *exp = malloc(sizeof(double) * ny), *mag = malloc(sizeof(double) * ny);
-    ref_rows(x, NULL, 0, M, q.deq, N, K, exp, mag);
-    check_out("split-K sum, four outputs a thread", y4, 1, exp, mag, ny, K);
-    check_out("split-K sum, four outputs a thread", c4, 0, exp, mag, ny, K);
-    v41g_free(dx); v41g_free(ws); v41g_free(d4); v41g_free(d1); v41g_free(b4); v41g_free(b1);
-    free(x); free(y4); free(y1); free(c4); free(c1); free(exp); free(mag);
+    gemm_two_ways(&q, &W, x, M, ws, wsb, "V41_WQ_REDUCE1", ws, wsb, "split-K sum, four outputs a thread against one");
+    v41g_free(ws);
+    free(x);
     qw_free(&q);
 }
 END_TEST
