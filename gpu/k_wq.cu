@@ -74,8 +74,6 @@ struct wq_args {
     float *part;                 /* split-K partials [gridDim.z][M][N], or NULL */
     int kt_per_split;
     int xr;                      /* g_wq_gemv_kernel: activation rows per m tile (1..8) */
-    int cl;                      /* g_wq_gemv_kernel: the gridDim.z splits of an n band are one cluster
-                                    and sum their partials in distributed shared memory (part NULL) */
 };
 
 __host__ __device__ constexpr int wq_wrow(int fmt) { return fmt == V41G_WQ_FP8 ? 64 : 32; }   /* code bytes per row per k tile */
@@ -542,7 +540,7 @@ __global__ void __launch_bounds__(256, BN <= 64 ? 2 : 1) g_wq_wgmma_kernel(wq_ar
 // values of all four k-steps are the 32 bytes at 32c, word 2s / 2s + 1 = B registers b0 / b1 of
 // k-step s (columns 16s + 2c, +1 and 16s + 2c + 8, +9).
 // shared memory of g_wq_gemv_kernel: xr staged activation rows of kps k tiles (128 bytes a tile, 16
-// of padding a row); a cluster call (wq_args.cl) adds the partial tile [xr][WQ_BN] fp32 after them
+// of padding a row); a cluster call (its CL instance) adds the partial tile [xr][WQ_BN] fp32 after them
 __host__ __device__ inline size_t gemv_smem(int xr, int kps) { return (size_t)xr * (128 * (size_t)kps + 16); }
 __host__ __device__ inline size_t gemv_smem_cl(int xr, int kps, bool cl)
 {
@@ -567,7 +565,8 @@ __device__ __forceinline__ void wq_ld_stream(uint32_t *r, const uint8_t *p, int 
     else
         asm volatile("ld.global.nc.L1::no_allocate.L2::256B.v2.u32 {%0,%1}, [%2];\n" : "=r"(r[0]), "=r"(r[1]) : "l"(p));
 }
-// CL: the splits sum in a cluster (a.cl; its own instance, so the plain one's registers stay as they were)
+// CL: the gridDim.z splits of an n band are one cluster and sum their partials in distributed
+// shared memory (part NULL); its own instance, so the plain one's registers stay as they were
 template <int FMT, bool CL>
 __global__ void __launch_bounds__(128, 4) g_wq_gemv_kernel(wq_args a)
 {
@@ -975,7 +974,7 @@ bool gemv_ok(const v41g_wq *W, int xr, int kps, bool cl)
     return W->K % 256 == 0 && kps % 4 == 0 && ((uintptr_t)W->s | (uintptr_t)W->s_stride) % 8 == 0 &&
            gemv_smem_cl(xr, kps, cl) <= (size_t)g_smem_optin();
 }
-// Whether the splits of a dense decode call may sum in a cluster (g_wq_gemv_kernel with wq_args.cl):
+// Whether the splits of a dense decode call may sum in a cluster (the CL instance of g_wq_gemv_kernel):
 // 2..8 of them (the portable cluster size), the whole grid resident at once (at most the four CTAs
 // an SM of the split rule), compute 9.0+ and V41_WQ_NO_CLUSTER unset (read at every call). Session
 // 12 measured the cluster sum slower than the second kernel wherever the grid took more than one
@@ -1023,18 +1022,18 @@ int plan(const v41g_wq *W, int M, bool wg, size_t ws_bytes, int *kps, bool *gv, 
     }
     return split_for(W, M, wg, ws_bytes, kps);
 }
-// a.cl: grid.z splits as clusters of (1, 1, grid.z)
-int launch_gemv(int fmt, dim3 grid, const wq_args &a, cudaStream_t st)
+// cl: the cluster instance, grid.z splits as clusters of (1, 1, grid.z)
+int launch_gemv(int fmt, dim3 grid, const wq_args &a, bool cl, cudaStream_t st)
 {
-    const int sm = (int)gemv_smem_cl(a.xr, a.kt_per_split, a.cl);
+    const int sm = (int)gemv_smem_cl(a.xr, a.kt_per_split, cl);
     const cudaLaunchAttribute at = g_attr_cluster(dim3(1, 1, grid.z));
     auto go = [&](auto *kern) -> int {
         if (int rc = set_smem(kern, sm)) return rc;
-        G_CHECK(g_launch_ex(kern, grid, dim3(128), sm, st, a.cl ? &at : NULL, a));
+        G_CHECK(g_launch_ex(kern, grid, dim3(128), sm, st, cl ? &at : NULL, a));
         return 0;
     };
-    if (fmt == V41G_WQ_FP8) return a.cl ? go(g_wq_gemv_kernel<V41G_WQ_FP8, true>) : go(g_wq_gemv_kernel<V41G_WQ_FP8, false>);
-    return a.cl ? go(g_wq_gemv_kernel<V41G_WQ_FP4, true>) : go(g_wq_gemv_kernel<V41G_WQ_FP4, false>);
+    if (fmt == V41G_WQ_FP8) return cl ? go(g_wq_gemv_kernel<V41G_WQ_FP8, true>) : go(g_wq_gemv_kernel<V41G_WQ_FP8, false>);
+    return cl ? go(g_wq_gemv_kernel<V41G_WQ_FP4, true>) : go(g_wq_gemv_kernel<V41G_WQ_FP4, false>);
 }
 
 template <int FMT, int BM>
@@ -1072,7 +1071,6 @@ wq_args args_of(const v41g_wq *W, const uint16_t *x, int M, void *y, int out_f32
     a.y = y; a.out_f32 = out_f32; a.part = NULL;
     a.kt_per_split = (W->K + 63) / 64;
     a.xr = 8;
-    a.cl = 0;
     return a;
 }
 
@@ -1146,8 +1144,7 @@ extern "C" int v41g_wq_gemm(const v41g_wq *W, const uint16_t *x, int M, void *y,
     int rc;
     if (gv) {
         a.xr = M;
-        a.cl = cl;
-        rc = launch_gemv(W->fmt, dim3((W->N + WQ_BN - 1) / WQ_BN, 1, sp), a, st);
+        rc = launch_gemv(W->fmt, dim3((W->N + WQ_BN - 1) / WQ_BN, 1, sp), a, cl, st);
     } else
         rc = launch(W->fmt, BM, dim3((W->N + WQ_BN - 1) / WQ_BN, (M + BM - 1) / BM, sp), a, st, wg);
     if (rc || sp == 1 || cl) return rc;
@@ -1181,7 +1178,7 @@ extern "C" int v41g_wq_gemm_grouped(const v41g_wq *W, int G, const int32_t *off,
     if (mean <= 8 && use_gemv()) {
         a.xr = mean <= 2 ? 4 : 8;   /* groups of more rows loop over m tiles (the weights again) */
         if (gemv_ok(W, a.xr, a.kt_per_split, false))
-            return launch_gemv(W->fmt, dim3((W->N + WQ_BN - 1) / WQ_BN, G, 1), a, G_STREAM(s));
+            return launch_gemv(W->fmt, dim3((W->N + WQ_BN - 1) / WQ_BN, G, 1), a, false, G_STREAM(s));
     }
     return launch(W->fmt, BM, dim3((W->N + WQ_BN - 1) / WQ_BN, G, 1), a, G_STREAM(s), wg);
 }
