@@ -678,7 +678,7 @@ void wq(bench &B, bool quick, const char *match)
     // them): T tokens, each on KA distinct uniformly drawn experts, rows sorted by expert; w1||w3
     // reads the tokens through the row list, w2 the sorted rows. Bytes: the stored weights of the
     // experts that got rows + activations in + out.
-    for (int T : {64, 512}) {
+    for (int T : {64, 512, 4096}) {
         if (quick && T != 64) continue;
         if (skip_rec(match, fmt("expert_w13_fp4_grouped_T%d", T)) && skip_rec(match, fmt("expert_w2_fp4_grouped_T%d", T)))
             continue;

@@ -117,8 +117,9 @@ extern "C" int v41g_moe_route(const float *logits, const float *bias, int T, int
 struct moe_ws {
     int32_t *counts, *offsets, *perm, *pos_of, *xrow;
     uint16_t *xq, *xs, *h13, *h, *ye, *hs13, *hs, *ys;
-    void *wsq;      /* split-K partials of the shared expert's storage-format GEMMs */
+    void *wsq;      /* split-K partials of the shared expert's storage-format GEMMs, or (deq) its bf16 weights */
     size_t wsq_bytes, total;
+    bool deq;       /* the shared expert's Linears as dequantize + cuBLAS */
 };
 static size_t al256(size_t n) { return (n + 255) & ~(size_t)255; }
 static moe_ws moe_layout(const v41g_moe *m, void *base)
@@ -144,12 +145,18 @@ static moe_ws moe_layout(const v41g_moe *m, void *base)
     TAKE(ye, uint16_t, A * m->D);
     w.wsq_bytes = 0;
     w.wsq = NULL;
+    w.deq = false;
     if (m->w13s || m->q13s) {
         TAKE(hs13, uint16_t, (size_t)m->T * 2 * m->I);
         TAKE(hs, uint16_t, (size_t)m->T * m->I);
         TAKE(ys, uint16_t, (size_t)m->T * m->D);
         if (m->q13s) {
-            w.wsq_bytes = std::max(v41g_wq_ws_bytes(m->q13s, m->T), v41g_wq_ws_bytes(m->q2s, m->T));
+            // from V41G_WQ_DEQUANT_ROWS tokens, as the engines' dense Linears (gh_wq_linear): at the
+            // MoE's 4096 tokens the packed kernel ran the shared expert's two Linears at about a
+            // third of cuBLAS's rate
+            w.deq = m->T >= V41G_WQ_DEQUANT_ROWS && !v41g_wq_f8_active(m->q13s) && !v41g_wq_f8_active(m->q2s);
+            w.wsq_bytes = w.deq ? 2 * std::max((size_t)m->q13s->N * m->q13s->K, (size_t)m->q2s->N * m->q2s->K)
+                                : std::max(v41g_wq_ws_bytes(m->q13s, m->T), v41g_wq_ws_bytes(m->q2s, m->T));
             w.wsq = b ? b + o : NULL;
             o += al256(w.wsq_bytes);
         }
@@ -243,17 +250,32 @@ __global__ void g_moe_xrow_kernel(const int32_t *__restrict__ perm, int A, int k
 }
 
 // h[r, i] = bf16(silu(min(g, L)) * clamp(u, -L, L) * wt[r]); g, u = h13[r, i], h13[r, I+i].
+// A thread does 8 consecutive columns (16-byte loads and store; I % 8 == 0): one element a thread,
+// with 2-byte accesses and a 64-bit division for its row each, took about 4x the time of its bytes
+// at the MoE's 4096 tokens (H200, session 23).
 __global__ void g_swiglu_kernel(const uint16_t *__restrict__ h13, const float *__restrict__ wts,
                                 const int32_t *__restrict__ perm, int R, int I, float L, uint16_t *__restrict__ h)
 {
-    size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x;
-    if (i >= (size_t)R * I) return;
-    int r = (int)(i / I), c = (int)(i % I);
-    float g = g_bf2f(h13[(size_t)r * 2 * I + c]), u = g_bf2f(h13[(size_t)r * 2 * I + I + c]);
-    if (L > 0.0f) { g = fminf(g, L); u = fminf(fmaxf(u, -L), L); }
-    float wt = wts ? wts[perm ? perm[r] : r] : 1.0f;
-    float silu = g / (1.0f + g_expf_ref(-g));   /* glibc-equivalent exp, as ref (g_internal.cuh) */
-    h[i] = g_f2bf(silu * u * wt);
+    const int nv = I / 8;
+    const size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x;
+    if (i >= (size_t)R * nv) return;
+    const int r = (int)(i / nv), c = (int)(i % nv) * 8;
+    const uint4 gv = *(const uint4 *)(h13 + (size_t)r * 2 * I + c), uv = *(const uint4 *)(h13 + (size_t)r * 2 * I + I + c);
+    const float wt = wts ? wts[perm ? perm[r] : r] : 1.0f;
+    uint4 o;
+#pragma unroll
+    for (int j = 0; j < 8; j++) {
+        float g = g_bf2f(((const uint16_t *)&gv)[j]), u = g_bf2f(((const uint16_t *)&uv)[j]);
+        if (L > 0.0f) { g = fminf(g, L); u = fminf(fmaxf(u, -L), L); }
+        const float silu = g / (1.0f + g_expf_ref(-g));   /* glibc-equivalent exp, as ref (g_internal.cuh) */
+        ((uint16_t *)&o)[j] = g_f2bf(silu * u * wt);
+    }
+    *(uint4 *)(h + (size_t)r * I + c) = o;
+}
+static void swiglu(const uint16_t *h13, const float *wts, const int32_t *perm, int R, int I, float L, uint16_t *h,
+                   cudaStream_t st)
+{
+    g_swiglu_kernel<<<(unsigned)(((size_t)R * (I / 8) + 255) / 256), 256, 0, st>>>(h13, wts, perm, R, I, L, h);
 }
 
 // out[t] = bf16(sum over the token's experts in id order of ye[pos] (+ ys[t])), fp32 accumulate from 0.
@@ -291,16 +313,22 @@ __global__ void g_moe_combine_kernel(const uint16_t *__restrict__ ye, const uint
 
 // Shared expert: w1|w3, SwiGLU (no routing weight), act_quant, w2 into w.ys; weights in their
 // storage format (q13s/q2s) or bf16 (w13s/w2s).
+static int moe_wq_linear(const v41g_wq *q, const moe_ws &w, const uint16_t *x, int M, uint16_t *y, cudaStream_t st)
+{
+    if (!w.deq) return v41g_wq_gemm(q, x, M, y, 0, w.wsq, w.wsq_bytes, st);
+    int rc = v41g_wq_dequant(q, 0, (uint16_t *)w.wsq, st);
+    return rc ? rc : v41g_gemm_bf16(x, (const uint16_t *)w.wsq, y, M, q->N, q->K, 0, 1, 0, 0, 0, st);
+}
 static int moe_shared(const v41g_moe *m, const moe_ws &w, cudaStream_t st)
 {
     const int T = m->T, D = m->D, I = m->I;
-    int rc = m->q13s ? v41g_wq_gemm(m->q13s, w.xq, T, w.hs13, 0, w.wsq, w.wsq_bytes, st)
+    int rc = m->q13s ? moe_wq_linear(m->q13s, w, w.xq, T, w.hs13, st)
                      : v41g_gemm_bf16(w.xq, m->w13s, w.hs13, T, 2 * I, D, 0, 1, 0, 0, 0, st);
     if (rc) return rc;
-    g_swiglu_kernel<<<(unsigned)(((size_t)T * I + 255) / 256), 256, 0, st>>>(w.hs13, NULL, NULL, T, I, m->limit, w.hs);
+    swiglu(w.hs13, NULL, NULL, T, I, m->limit, w.hs, st);
     G_LAUNCHED();
     if ((rc = v41g_act_quant(w.hs, NULL, NULL, w.hs, T, I, st))) return rc;
-    return m->q13s ? v41g_wq_gemm(m->q2s, w.hs, T, w.ys, 0, w.wsq, w.wsq_bytes, st)
+    return m->q13s ? moe_wq_linear(m->q2s, w, w.hs, T, w.ys, st)
                    : v41g_gemm_bf16(w.hs, m->w2s, w.ys, T, D, I, 0, 1, 0, 0, 0, st);
 }
 
@@ -313,7 +341,7 @@ static int moe_routed_wq(const v41g_moe *m, const moe_ws &w, const float *wts, c
     g_moe_xrow_kernel<<<(A + 255) / 256, 256, 0, st>>>(w.perm, A, m->k, w.xrow);
     G_LAUNCHED();
     if ((rc = v41g_wq_gemm_grouped(m->q13, m->E, w.offsets, w.xrow, w.xq, A, w.h13, 0, st))) return rc;
-    g_swiglu_kernel<<<(unsigned)(((size_t)A * I + 255) / 256), 256, 0, st>>>(w.h13, wts, w.perm, A, I, m->limit, w.h);
+    swiglu(w.h13, wts, w.perm, A, I, m->limit, w.h, st);
     G_LAUNCHED();
     if ((rc = v41g_act_quant(w.h, NULL, NULL, w.h, A, I, st))) return rc;
     return v41g_wq_gemm_grouped(m->q2, m->E, w.offsets, NULL, w.h, A, w.ye, 0, st);
@@ -344,7 +372,7 @@ static int moe_routed_bf16(const v41g_moe *m, const moe_ws &w, const float *wts,
         j = (j + 1) % G_SIDE_STREAMS;
     }
     G_CHECK(sd.join(st));
-    g_swiglu_kernel<<<(unsigned)(((size_t)A * I + 255) / 256), 256, 0, st>>>(w.h13, wts, w.perm, A, I, m->limit, w.h);
+    swiglu(w.h13, wts, w.perm, A, I, m->limit, w.h, st);
     G_LAUNCHED();
     if ((rc = v41g_act_quant(w.h, NULL, NULL, w.h, A, I, st))) return rc;
     G_CHECK(sd.fork(st));

@@ -254,7 +254,7 @@ __device__ __forceinline__ void wq_store(const wq_args &a, int m0, int r, int n,
 // are resolved once per m tile. load() issues the k tile's cp.async copies, dst(r) giving the
 // shared address of row r's chunk ch (rows past the m tile, or k past K, zero-filled).
 template <int BM, int THREADS> struct wq_xsrc {
-    static constexpr int RS = THREADS / 8, NXR = BM * 8 >= THREADS ? BM * 8 / THREADS : 1;
+    static constexpr int RS = THREADS / 8, NXR = (BM * 8 + THREADS - 1) / THREADS;
     const uint16_t *p[NXR];
     bool ok[NXR];
     int ch, xr0;
@@ -417,12 +417,19 @@ template <int BN> __device__ __forceinline__ void wq_wg_mma(float (&d)[BN / 2], 
 // tile's wgmmas, and the barrier, cp.async addressing and wgmma wait are per two tiles); fp8's
 // 8 KB tiles keep one (two would halve its CTAs per SM at BN = 64)
 __host__ __device__ constexpr int wq_wg_u(int fmt) { return fmt == V41G_WQ_FP4 ? 2 : 1; }
-template <int FMT, int BN>
+// TL > 0 (grouped calls): an m tile stages BN + TL activation rows, and a group's last rows, when
+// at most BN + TL remain, run in one pass: the first BN as wgmma N = BN, the rest (1..TL) as a
+// second wgmma of N = TL on the same A registers (TL * 128 bytes further in the stage). Without
+// it a group of 65..80 rows took a second pass over its whole weight band for its last rows,
+// dequantizing every tile again (the MoE at 4096 tokens: 64 rows a group on average, about half
+// of the groups over 64)
+template <int FMT, int BN, int TL>
 __global__ void __launch_bounds__(256, BN <= 64 ? 2 : 1) g_wq_wgmma_kernel(wq_args a)
 {
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
-    constexpr int THREADS = 256, WROW = wq_wrow(FMT), WT = WQ_BN * WROW, STAGE = wq_wg_stage(FMT, BN),
+    constexpr int THREADS = 256, WROW = wq_wrow(FMT), WT = WQ_BN * WROW, BR = BN + TL, STAGE = wq_wg_stage(FMT, BR),
                   U = wq_wg_u(FMT), STAGES = wq_stages(BN);
+    static_assert(TL == 0 || TL == 8 || TL == 16 || TL == 32, "a wgmma N for the tail");
     static_assert(WT % 1024 == 0 && STAGE % 1024 == 0, "stages keep the 1024-byte swizzle alignment");
     extern __shared__ __align__(1024) unsigned char wq_smw[];
     const uint32_t sraw = (uint32_t)__cvta_generic_to_shared(wq_smw);
@@ -434,9 +441,10 @@ __global__ void __launch_bounds__(256, BN <= 64 ? 2 : 1) g_wq_wgmma_kernel(wq_ar
     const uint8_t *Wb = a.w + (size_t)C.grp * a.w_stride + (size_t)blockIdx.x * C.KT * WT;
     const int rA = 64 * wg + 16 * w4 + g, rB = rA + 8;   /* this thread's rows of the CTA's 128 */
     const uint8_t *sA = wq_srow<FMT>(a, C.S, C.n0 + rA), *sB = wq_srow<FMT>(a, C.S, C.n0 + rB);
-    for (int m0 = C.mbeg; m0 < C.mend; m0 += BN) {
-        const int mrows = min(BN, C.mend - m0);
-        const wq_xsrc<BN, THREADS> X(a, tid, m0, mrows);
+    for (int m0 = C.mbeg, rows; m0 < C.mend; m0 += rows) {
+        rows = C.mend - m0 <= BR ? C.mend - m0 : BN;   /* this pass: the main tile and the tail */
+        const int mrows = min(BN, rows), trows = rows - mrows;   /* trows > 0 only where TL > 0 */
+        const wq_xsrc<BR, THREADS> X(a, tid, m0, rows);
         // stage st holds U sub-stages (weight tile, then activation tile), k tiles kt, kt + 1, ...
         // (those below the split's end); a band's k tiles are consecutive in global memory
         auto load = [&](int kt, int st) {
@@ -469,15 +477,24 @@ __global__ void __launch_bounds__(256, BN <= 64 ? 2 : 1) g_wq_wgmma_kernel(wq_ar
                 af[s][0] = loA[s]; af[s][1] = loB[s]; af[s][2] = hiA[s]; af[s][3] = hiB[s];
             }
         };
-        float acc[BN / 2];
+        float acc[BN / 2], acct[TL ? TL / 2 : 1];
 #pragma unroll
         for (int i = 0; i < BN / 2; i++) acc[i] = 0.0f;
-        // the 4 wgmmas of a decoded tile against sub-stage ss's activations, one commit group
+#pragma unroll
+        for (int i = 0; i < (TL ? TL / 2 : 1); i++) acct[i] = 0.0f;
+        // the 4 wgmmas of a decoded tile against sub-stage ss's activations (and the tail's 4), one
+        // commit group
         auto mma = [&](int ss, const uint32_t (&af)[4][4]) {
             const uint64_t dx = aw_desc(sbase + ss * STAGE + WT, 16, 1024);   /* K-major, 128-byte swizzle */
             aw_wgmma_fence();
 #pragma unroll
             for (int s = 0; s < 4; s++) wq_wg_mma<BN>(acc, af[s], dx + (uint64_t)((s * 32) >> 4));
+            if constexpr (TL > 0)
+                if (trows > 0) {   /* uniform over the CTA */
+                    const uint64_t dt = aw_desc(sbase + ss * STAGE + WT + BN * 128, 16, 1024);
+#pragma unroll
+                    for (int s = 0; s < 4; s++) wq_wg_mma<TL>(acct, af[s], dt + (uint64_t)((s * 32) >> 4));
+                }
             aw_wgmma_commit();
         };
         __syncthreads();   // every warp is done with the previous m tile's stages
@@ -499,6 +516,7 @@ __global__ void __launch_bounds__(256, BN <= 64 ? 2 : 1) g_wq_wgmma_kernel(wq_ar
             uint32_t af[4][4];
             decode(kt, st * U, af);
             aw_fence_regs(acc);
+            if constexpr (TL > 0) aw_fence_regs(acct);
             mma(st * U, af);
             if (U > 1 && kt + 1 < C.kt1) {
                 // the second tile's dequantization runs while the first tile's wgmmas do (its own
@@ -509,14 +527,22 @@ __global__ void __launch_bounds__(256, BN <= 64 ? 2 : 1) g_wq_wgmma_kernel(wq_ar
             }
             aw_wgmma_wait<0>();
             aw_fence_regs(acc);
+            if constexpr (TL > 0) aw_fence_regs(acct);
         }
         g_cp_wait<0>();
         g_pdl_trigger();   // the split-K reduction may launch (it waits for this grid to finish)
-        if (a.part || a.out_f32)
-            wq_store_tile<BN>(a.part ? a.part + (size_t)blockIdx.z * a.M * a.N : (float *)a.y, a, m0, mrows, C.n0 + rA, c, acc,
-                              [](float v) { return v; });
-        else
+        if (a.part || a.out_f32) {
+            float *y0 = a.part ? a.part + (size_t)blockIdx.z * a.M * a.N : (float *)a.y;
+            wq_store_tile<BN>(y0, a, m0, mrows, C.n0 + rA, c, acc, [](float v) { return v; });
+            if constexpr (TL > 0)
+                if (trows > 0) wq_store_tile<TL>(y0, a, m0 + BN, trows, C.n0 + rA, c, acct, [](float v) { return v; });
+        } else {
             wq_store_tile<BN>((uint16_t *)a.y, a, m0, mrows, C.n0 + rA, c, acc, [](float v) { return g_f2bf(v); });
+            if constexpr (TL > 0)
+                if (trows > 0)
+                    wq_store_tile<TL>((uint16_t *)a.y, a, m0 + BN, trows, C.n0 + rA, c, acct,
+                                      [](float v) { return g_f2bf(v); });
+        }
     }
 #endif
 }
@@ -867,7 +893,7 @@ bool use_wgmma()
         cudaDeviceGetAttribute(&maj, cudaDevAttrComputeCapabilityMajor, dev);
         cudaDeviceGetAttribute(&mnr, cudaDevAttrComputeCapabilityMinor, dev);
         cudaFuncAttributes fa;
-        ok = maj == 9 && mnr == 0 && cudaFuncGetAttributes(&fa, g_wq_wgmma_kernel<V41G_WQ_FP8, 64>) == cudaSuccess &&
+        ok = maj == 9 && mnr == 0 && cudaFuncGetAttributes(&fa, g_wq_wgmma_kernel<V41G_WQ_FP8, 64, 0>) == cudaSuccess &&
              fa.numRegs >= 32;
         cudaGetLastError();
     }
@@ -881,9 +907,9 @@ template <typename F> int set_smem(F *kern, int bytes)
     G_CHECK(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes));
     return 0;
 }
-template <int FMT, int BM> int smem_of(bool wg)
+template <int FMT, int BM, int TL = 0> int smem_of(bool wg)
 {
-    return wg ? wq_stages(BM) * wq_wg_u(FMT) * wq_wg_stage(FMT, BM) + 1024   /* + alignment of the swizzle atoms */
+    return wg ? wq_stages(BM) * wq_wg_u(FMT) * wq_wg_stage(FMT, BM + TL) + 1024   /* + alignment of the swizzle atoms */
               : wq_stages(BM) * (WQ_BN * wq_wrow(FMT) + BM * WQ_XS);
 }
 // CTAs of the kernel that fit one SM (registers, shared memory), cached per kernel
@@ -894,8 +920,8 @@ template <int FMT, int BM> int per_sm_t(bool wg)
         int v = 0;
         const int sm = smem_of<FMT, BM>(wg);
         if (wg) {
-            if (!set_smem(g_wq_wgmma_kernel<FMT, BM>, sm))
-                cudaOccupancyMaxActiveBlocksPerMultiprocessor(&v, g_wq_wgmma_kernel<FMT, BM>, 256, sm);
+            if (!set_smem(g_wq_wgmma_kernel<FMT, BM, 0>, sm))
+                cudaOccupancyMaxActiveBlocksPerMultiprocessor(&v, g_wq_wgmma_kernel<FMT, BM, 0>, 256, sm);
         } else if constexpr (BM <= 64) {
             if (!set_smem(g_wq_mma_kernel<FMT, BM / 8>, sm))
                 cudaOccupancyMaxActiveBlocksPerMultiprocessor(&v, g_wq_mma_kernel<FMT, BM / 8>, 128, sm);
@@ -1036,13 +1062,13 @@ int launch_gemv(int fmt, dim3 grid, const wq_args &a, bool cl, cudaStream_t st)
     return cl ? go(g_wq_gemv_kernel<V41G_WQ_FP4, true>) : go(g_wq_gemv_kernel<V41G_WQ_FP4, false>);
 }
 
-template <int FMT, int BM>
+template <int FMT, int BM, int TL = 0>
 int launch_t(dim3 grid, const wq_args &a, cudaStream_t st, bool wg)
 {
     if (wg) {
-        const int sm = smem_of<FMT, BM>(true);
-        if (int rc = set_smem(g_wq_wgmma_kernel<FMT, BM>, sm)) return rc;
-        g_wq_wgmma_kernel<FMT, BM><<<grid, 256, sm, st>>>(a);
+        const int sm = smem_of<FMT, BM, TL>(true);
+        if (int rc = set_smem(g_wq_wgmma_kernel<FMT, BM, TL>, sm)) return rc;
+        g_wq_wgmma_kernel<FMT, BM, TL><<<grid, 256, sm, st>>>(a);
     } else if constexpr (BM <= 64) {
         const int sm = smem_of<FMT, BM>(false);
         if (int rc = set_smem(g_wq_mma_kernel<FMT, BM / 8>, sm)) return rc;
@@ -1060,6 +1086,18 @@ int launch(int fmt, int bm, dim3 grid, const wq_args &a, cudaStream_t st, bool w
                  : launch_t<F, 128>(grid, a, st, wg))
     return fmt == V41G_WQ_FP8 ? WQ_L(V41G_WQ_FP8) : WQ_L(V41G_WQ_FP4);
 #undef WQ_L
+}
+
+// Tail rows of the wgmma kernel's 64-row m tiles in grouped calls (g_wq_wgmma_kernel's TL): a
+// group's last 65..64 + TL rows in one pass over its weights. V41_WQ_TAIL=0, 8 or 16 (read at
+// every call; A/B runs and the tests) overrides the default 16.
+int tail_rows()
+{
+    if (const char *e = getenv("V41_WQ_TAIL")) {
+        const int n = atoi(e);
+        if (n == 0 || n == 8 || n == 16) return n;
+    }
+    return 16;
 }
 
 wq_args args_of(const v41g_wq *W, const uint16_t *x, int M, void *y, int out_f32)
@@ -1180,7 +1218,17 @@ extern "C" int v41g_wq_gemm_grouped(const v41g_wq *W, int G, const int32_t *off,
         if (gemv_ok(W, a.xr, a.kt_per_split, false))
             return launch_gemv(W->fmt, dim3((W->N + WQ_BN - 1) / WQ_BN, G, 1), a, false, G_STREAM(s));
     }
-    return launch(W->fmt, BM, dim3((W->N + WQ_BN - 1) / WQ_BN, G, 1), a, G_STREAM(s), wg);
+    const dim3 grid((W->N + WQ_BN - 1) / WQ_BN, G, 1);
+    if (wg && BM == 64) {
+        const int tl = tail_rows();
+        if (tl == 16)
+            return W->fmt == V41G_WQ_FP8 ? launch_t<V41G_WQ_FP8, 64, 16>(grid, a, G_STREAM(s), true)
+                                         : launch_t<V41G_WQ_FP4, 64, 16>(grid, a, G_STREAM(s), true);
+        if (tl == 8)
+            return W->fmt == V41G_WQ_FP8 ? launch_t<V41G_WQ_FP8, 64, 8>(grid, a, G_STREAM(s), true)
+                                         : launch_t<V41G_WQ_FP4, 64, 8>(grid, a, G_STREAM(s), true);
+    }
+    return launch(W->fmt, BM, grid, a, G_STREAM(s), wg);
 }
 
 extern "C" int v41g_wq_dequant(const v41g_wq *W, int g, uint16_t *out, v41g_stream s)

@@ -205,7 +205,11 @@ typedef struct v41g_moe {
      * routed experts run as two grouped v41g_wq_gemm_grouped calls (group =
      * expert, N = 2I then D) with no host synchronisation (graph-capturable),
      * and w13/w2 are ignored; q13s/q2s likewise replace w13s/w2s (with q13
-     * set, a shared expert must be given as q13s/q2s: bf16 w13s is refused). */
+     * set, a shared expert must be given as q13s/q2s: bf16 w13s is refused).
+     * From T = V41G_WQ_DEQUANT_ROWS (256) tokens on, the shared expert's two
+     * Linears run as the engines' dense ones do there: q13s/q2s dequantized
+     * into the workspace (bf16, 2 N K bytes of the larger one), then cuBLAS
+     * (unless V41_WQ_F8MMA sends them to the fp8 MMA path). */
     const v41g_wq *q13, *q2, *q13s, *q2s;
 } v41g_moe;
 size_t v41g_moe_ws_size(const v41g_moe *m);

@@ -6,10 +6,12 @@
  *     (N % 8 != 0 too); every workspace size (NULL, too small, v41g_wq_ws_bytes); fp32 and bf16
  *     out; fp8 row slices (r0 > 0); bitwise repeatability;
  *   - v41g_wq_gemm_grouped: MoE-like sorted rows (an empty group, a gather list with repeats,
- *     groups at strides larger than a group, NaN bytes in the gaps);
+ *     groups at strides larger than a group, NaN bytes in the gaps); groups of 65, 80 and 144 rows
+ *     with 64-row m tiles, through the wgmma kernel's tail rows (V41_WQ_TAIL unset, 16, 8 and 0);
  *   - v41g_wq_dequant: bit for bit;
  *   - v41g_moe_ffn with q13/q2 (fp4 experts) and q13s/q2s (fp8 shared expert) against the same
- *     FFN over the dequantized bf16 copies (w13/w2/w13s/w2s);
+ *     FFN over the dequantized bf16 copies (w13/w2/w13s/w2s), at 5 tokens and at 300 (the shared
+ *     expert as dequantize + cuBLAS);
  *   - bad arguments: an error, nothing written;
  *   - the split-K sum four outputs a thread (outputs of at least 1024 x SMs elements) against the
  *     one-output kernel (V41_WQ_REDUCE1=1), bit for bit;
@@ -493,19 +495,30 @@ END_TEST
 /* ------------------------------------------------------------ v41g_wq_gemm_grouped */
 /* row-count sets: 0: 81 rows (17 a group on average: the tiled kernels); 1: 15 rows (3 on average:
  * the decode kernel, 8-row m tiles, the 9-row group in two); 2: 8 rows (2 on average: 4-row m
- * tiles, the 5-row group in two). The decode kernel needs K % 64 == 0 (else the tiled kernels). */
-typedef struct { int fmt, N, K, gather, set; } gr_case;
-static const gr_case gr_cases[] = {{V41G_WQ_FP4, 96, 160, 1, 0}, {V41G_WQ_FP4, 33, 64, 0, 0},
-                                   {V41G_WQ_FP8, 40, 96, 1, 0},  {V41G_WQ_FP8, 129, 512, 0, 0},
-                                   {V41G_WQ_FP4, 300, 512, 1, 1}, {V41G_WQ_FP8, 129, 512, 1, 2},
-                                   {V41G_WQ_FP4, 96, 128, 0, 2}, {V41G_WQ_FP8, 70, 2048, 0, 1},
-                                   {V41G_WQ_FP4, 40, 96, 1, 1},  {V41G_WQ_FP4, 129, 256, 1, 2}};
+ * tiles, the 5-row group in two); 3: 312 rows (62 on average: 64-row m tiles, and on the wgmma
+ * kernel their tail rows: the 65-row group in one pass (a tail of 1), the 80-row group too (a tail
+ * of 16 = TL), the 144-row group as 64 rows and then 64 + 16; with TL = 8 the 80-row group in two
+ * passes). The decode kernel needs K % 64 == 0 (else the tiled kernels). tail: V41_WQ_TAIL for
+ * the case (-1: unset, the default). */
+typedef struct { int fmt, N, K, gather, set, tail; } gr_case;
+static const gr_case gr_cases[] = {{V41G_WQ_FP4, 96, 160, 1, 0, -1}, {V41G_WQ_FP4, 33, 64, 0, 0, -1},
+                                   {V41G_WQ_FP8, 40, 96, 1, 0, -1},  {V41G_WQ_FP8, 129, 512, 0, 0, -1},
+                                   {V41G_WQ_FP4, 300, 512, 1, 1, -1}, {V41G_WQ_FP8, 129, 512, 1, 2, -1},
+                                   {V41G_WQ_FP4, 96, 128, 0, 2, -1}, {V41G_WQ_FP8, 70, 2048, 0, 1, -1},
+                                   {V41G_WQ_FP4, 40, 96, 1, 1, -1},  {V41G_WQ_FP4, 129, 256, 1, 2, -1},
+                                   {V41G_WQ_FP4, 96, 160, 1, 3, -1}, {V41G_WQ_FP4, 96, 160, 1, 3, 8},
+                                   {V41G_WQ_FP4, 96, 160, 1, 3, 0},  {V41G_WQ_FP8, 129, 512, 0, 3, -1},
+                                   {V41G_WQ_FP8, 129, 512, 1, 3, 8}, {V41G_WQ_FP4, 300, 256, 0, 3, 16}};
 static void grouped_case(int i)
 {
     const gr_case c = gr_cases[i];
     enum { G = 5 };
-    static const int sets[3][G] = {{0, 1, 7, 70, 3}, {0, 1, 2, 9, 3}, {0, 1, 2, 5, 0}};
-    static const int tka[3][2] = {{27, 3}, {5, 3}, {4, 2}};   /* gather: T tokens with KA assignments each, T * KA rows */
+    static const int sets[4][G] = {{0, 1, 7, 70, 3}, {0, 1, 2, 9, 3}, {0, 1, 2, 5, 0}, {65, 0, 80, 144, 23}};
+    static const int tka[4][2] = {{27, 3}, {5, 3}, {4, 2}, {104, 3}};   /* gather: T tokens with KA assignments each, T * KA rows */
+    char tv[8];
+    snprintf(tv, sizeof tv, "%d", c.tail);
+    if (c.tail >= 0) setenv("V41_WQ_TAIL", tv, 1);
+    else unsetenv("V41_WQ_TAIL");
     const int *counts = sets[c.set], T = tka[c.set][0], KA = tka[c.set][1];
     int32_t off[G + 1] = {0};
     for (int g = 0; g < G; g++) off[g + 1] = off[g] + counts[g];
@@ -516,7 +529,7 @@ static void grouped_case(int i)
     /* the sorted problem of a MoE: row p is assignment perm[p] (a random order), i.e. token perm[p] / KA */
     int32_t *xrow = NULL;
     if (c.gather) {
-        int32_t perm[27 * 3];
+        int32_t perm[104 * 3];
         for (int i = 0; i < MT; i++) perm[i] = i;
         for (int i = MT - 1; i > 0; i--) { int j = rng_int(i + 1), t = perm[i]; perm[i] = perm[j]; perm[j] = t; }
         xrow = malloc(sizeof(int32_t) * MT);
@@ -537,8 +550,8 @@ static void grouped_case(int i)
     float *y = down(dy, 4 * ny), *y2 = down(dy2, 4 * ny);
     uint16_t *b = down(db, 2 * ny);
     char what[128];
-    snprintf(what, sizeof what, "grouped %s N%d K%d %s, rows %d", c.fmt == V41G_WQ_FP8 ? "fp8" : "fp4", N, K,
-             c.gather ? "gathered" : "identity", MT);
+    snprintf(what, sizeof what, "grouped %s N%d K%d %s, rows %d, tail %d", c.fmt == V41G_WQ_FP8 ? "fp8" : "fp4", N, K,
+             c.gather ? "gathered" : "identity", MT, c.tail);
     check_out(what, y, 1, exp, mag, ny, K);
     check_same(what, y, y2, 4 * ny);
     check_out(what, b, 0, exp, mag, ny, K);
@@ -546,6 +559,7 @@ static void grouped_case(int i)
     v41g_free(dx); v41g_free(doff); v41g_free(dxrow); v41g_free(dy); v41g_free(dy2); v41g_free(db);
     free(y); free(y2); free(b); free(x); free(xrow); free(exp); free(mag);
     qw_free(&q);
+    unsetenv("V41_WQ_TAIL");
 }
 START_TEST(test_grouped) { grouped_case(_i); }
 END_TEST
@@ -692,10 +706,13 @@ static double moe_tol(double out, double A, double B, double gmax)
     return (0x1p-3 + (gmax + 4) * 0x1p-7 + 0x1p-16) * A + 0x1p-15 * B + 0x1p-7 * fabs(out) + FLT_MIN;
 }
 
+/* _i = 0: exact, 1: random, 2: random with 300 tokens (from V41G_WQ_DEQUANT_ROWS = 256 tokens on
+ * the shared expert runs as dequantize + cuBLAS: its bf16 weights then take the workspace) */
 START_TEST(test_moe)
 {
     const int exact = _i == 0;
-    enum { T = 5, D = 64, I = 32, E = 4, KA = 2 };
+    enum { TM = 300, D = 64, I = 32, E = 4, KA = 2 };
+    const int T = _i == 2 ? TM : 5;
     const float L = 1.0f;
     rng_seed(700 + _i);
     /* routed experts fp4 (q13: N = 2I, K = D; q2: N = D, K = I), shared expert fp8 */
@@ -719,9 +736,9 @@ START_TEST(test_moe)
         free(h);
     }
     /* tokens: two distinct experts of {0, 1, 3} each (expert 2 gets none), random weights */
-    uint16_t x[T * D];
-    int32_t idx[T * KA];
-    float wts[T * KA];
+    static uint16_t x[TM * D];
+    static int32_t idx[TM * KA];
+    static float wts[TM * KA];
     static const int pairs[6][2] = {{0, 1}, {1, 0}, {0, 3}, {3, 0}, {1, 3}, {3, 1}};
     for (int t = 0; t < T; t++) {
         const int *pr = pairs[t == 0 ? 4 : rng_int(6)];   /* token 0: experts 1 and 3 */
@@ -739,15 +756,20 @@ START_TEST(test_moe)
             for (int d = 0; d < D; d++) ck_assert_float_eq(r[d], v41_bf16_to_f32(x[t * D + d]));
         }
     }
-    uint16_t *dx = up(x, sizeof x);
-    int32_t *di = up(idx, sizeof idx);
-    float *dw = up(wts, sizeof wts);
+    uint16_t *dx = up(x, sizeof(uint16_t) * T * D);
+    int32_t *di = up(idx, sizeof(int32_t) * T * KA);
+    float *dw = up(wts, sizeof(float) * T * KA);
     /* bf16 path; the q path with the bf16 pointers NULL (ignored when q13 / q13s are set) */
     v41g_moe mb = {.T = T, .D = D, .I = I, .E = E, .k = KA, .limit = L,
                    .w13 = dbf[0], .w2 = dbf[1], .w13s = dbf[2], .w2s = dbf[3]};
     v41g_moe mq = {.T = T, .D = D, .I = I, .E = E, .k = KA, .limit = L,
                    .q13 = &W13, .q2 = &W2, .q13s = &W13s, .q2s = &W2s};
     void *wsb = dpoison(v41g_moe_ws_size(&mb)), *wsq = dpoison(v41g_moe_ws_size(&mq));
+    if (T >= 256) {   /* the shared expert's part of the workspace holds its dequantized w1||w3 (2I x D bf16) */
+        v41g_moe mn = mq;
+        mn.q13s = mn.q2s = NULL;
+        ck_assert_uint_ge(v41g_moe_ws_size(&mq), v41g_moe_ws_size(&mn) + (size_t)2 * 2 * I * D);
+    }
     uint16_t *dob = dpoison(2 * T * D), *doq = dpoison(2 * T * D), *doq2 = dpoison(2 * T * D);
     ck_assert_int_eq(v41g_moe_ffn(&mb, dx, di, dw, wsb, dob, NULL), 0);
     ck_assert_int_eq(v41g_moe_ffn(&mq, dx, di, dw, wsq, doq, NULL), 0);
@@ -763,8 +785,9 @@ START_TEST(test_moe)
             ck_assert_msg(ob[i] == oq[i], "moe exact: out[%d][%d] = 0x%04x with fp4/fp8 weights, 0x%04x with bf16 weights "
                           "(every sum is exact: a different rounding point)", i / D, i % D, oq[i], ob[i]);
     } else {
-        float ref[T * D];
-        double A[T * D], B[T * D], gmax;
+        static float ref[TM * D];
+        static double A[TM * D], B[TM * D];
+        double gmax;
         moe_mirror(T, D, I, E, KA, L, x, idx, wts, q13.deq, q2.deq, q13s.deq, q2s.deq, ref, A, B, &gmax);
         ck_assert_msg(gmax < 8, "moe random: |g| up to %g (the bound assumes moderate gates)", gmax);
         for (int i = 0; i < T * D; i++) {
@@ -1061,7 +1084,7 @@ static Suite *wq_suite(void)
     suite_add_tcase(s, tc);
     tc = tcase_create("moe");
     tcase_set_timeout(tc, 120);
-    tcase_add_loop_test(tc, test_moe, 0, 2);
+    tcase_add_loop_test(tc, test_moe, 0, 3);
     suite_add_tcase(s, tc);
     tc = tcase_create("f8");
     tcase_set_timeout(tc, 120);
