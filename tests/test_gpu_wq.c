@@ -500,15 +500,16 @@ END_TEST
  * of 16 = TL), the 144-row group as 64 rows and then 64 + 16; with TL = 8 the 80-row group in two
  * passes). The decode kernel needs K % 64 == 0 (else the tiled kernels). tail: V41_WQ_TAIL for
  * the case (-1: unset, the default). */
-typedef struct { int fmt, N, K, gather, set, tail; } gr_case;
-static const gr_case gr_cases[] = {{V41G_WQ_FP4, 96, 160, 1, 0, -1}, {V41G_WQ_FP4, 33, 64, 0, 0, -1},
-                                   {V41G_WQ_FP8, 40, 96, 1, 0, -1},  {V41G_WQ_FP8, 129, 512, 0, 0, -1},
-                                   {V41G_WQ_FP4, 300, 512, 1, 1, -1}, {V41G_WQ_FP8, 129, 512, 1, 2, -1},
-                                   {V41G_WQ_FP4, 96, 128, 0, 2, -1}, {V41G_WQ_FP8, 70, 2048, 0, 1, -1},
-                                   {V41G_WQ_FP4, 40, 96, 1, 1, -1},  {V41G_WQ_FP4, 129, 256, 1, 2, -1},
-                                   {V41G_WQ_FP4, 96, 160, 1, 3, -1}, {V41G_WQ_FP4, 96, 160, 1, 3, 8},
-                                   {V41G_WQ_FP4, 96, 160, 1, 3, 0},  {V41G_WQ_FP8, 129, 512, 0, 3, -1},
-                                   {V41G_WQ_FP8, 129, 512, 1, 3, 8}, {V41G_WQ_FP4, 300, 256, 0, 3, 16}};
+typedef struct { int fmt, N, K, gather, set, tail, shi; } gr_case;   /* shi: largest scale byte (0: 131) */
+static const gr_case gr_cases[] = {{V41G_WQ_FP4, 96, 160, 1, 0, -1, 0}, {V41G_WQ_FP4, 33, 64, 0, 0, -1, 0},
+                                   {V41G_WQ_FP8, 40, 96, 1, 0, -1, 0},  {V41G_WQ_FP8, 129, 512, 0, 0, -1, 0},
+                                   {V41G_WQ_FP4, 300, 512, 1, 1, -1, 0}, {V41G_WQ_FP8, 129, 512, 1, 2, -1, 0},
+                                   {V41G_WQ_FP4, 96, 128, 0, 2, -1, 0}, {V41G_WQ_FP8, 70, 2048, 0, 1, -1, 0},
+                                   {V41G_WQ_FP4, 40, 96, 1, 1, -1, 0},  {V41G_WQ_FP4, 129, 256, 1, 2, -1, 0},
+                                   {V41G_WQ_FP4, 96, 160, 1, 3, -1, 0}, {V41G_WQ_FP4, 96, 160, 1, 3, 8, 0},
+                                   {V41G_WQ_FP4, 96, 160, 1, 3, 0, 0},  {V41G_WQ_FP8, 129, 512, 0, 3, -1, 0},
+                                   {V41G_WQ_FP8, 129, 512, 1, 3, 8, 0}, {V41G_WQ_FP4, 300, 256, 0, 3, 16, 0},
+                                   {V41G_WQ_FP4, 96, 160, 1, 3, -1, 128}, {V41G_WQ_FP4, 300, 256, 0, 3, 16, 128}};
 static void grouped_case(int i)
 {
     const gr_case c = gr_cases[i];
@@ -524,7 +525,7 @@ static void grouped_case(int i)
     for (int g = 0; g < G; g++) off[g + 1] = off[g] + counts[g];
     const int MT = off[G], N = c.N, K = c.K;
     rng_seed(500 + i);
-    qw q = qw_make(c.fmt, G, N, K, 0, 1, c.fmt == V41G_WQ_FP8 ? gen_fp8_any : gen_fp4_any, 107, 131);
+    qw q = qw_make(c.fmt, G, N, K, 0, 1, c.fmt == V41G_WQ_FP8 ? gen_fp8_any : gen_fp4_any, 107, c.shi ? c.shi : 131);
     v41g_wq W = qw_desc(&q, 0);
     /* the sorted problem of a MoE: row p is assignment perm[p] (a random order), i.e. token perm[p] / KA */
     int32_t *xrow = NULL;
@@ -550,8 +551,8 @@ static void grouped_case(int i)
     float *y = down(dy, 4 * ny), *y2 = down(dy2, 4 * ny);
     uint16_t *b = down(db, 2 * ny);
     char what[128];
-    snprintf(what, sizeof what, "grouped %s N%d K%d %s, rows %d, tail %d", c.fmt == V41G_WQ_FP8 ? "fp8" : "fp4", N, K,
-             c.gather ? "gathered" : "identity", MT, c.tail);
+    snprintf(what, sizeof what, "grouped %s N%d K%d %s, rows %d, tail %d, scales 107..%d", c.fmt == V41G_WQ_FP8 ? "fp8" : "fp4",
+             N, K, c.gather ? "gathered" : "identity", MT, c.tail, c.shi ? c.shi : 131);
     check_out(what, y, 1, exp, mag, ny, K);
     check_same(what, y, y2, 4 * ny);
     check_out(what, b, 0, exp, mag, ny, K);
