@@ -341,8 +341,14 @@ int carve(gd_ctx *g, int B, v41_err *err)
     for (auto &l : g->L) {
         for (const dlin *L : DLAYER_LINS(l)) wq_need(L->q);
         if (l.q13.w) {
-            const v41g_moe m = moe_q_of(g, l, B);
-            moeb = std::max(moeb, v41g_moe_ws_size(&m));
+            // every batch size up to B: the shared expert's part is not monotone in the rows (split-K
+            // partials below V41G_WQ_DEQUANT_ROWS, its dequantized weights from there on), and
+            // v41g_moe_ffn lays its workspace out for the call's own T
+            v41g_moe m = moe_q_of(g, l, B);
+            for (int t = 1; t <= B; t++) {
+                m.T = t;
+                moeb = std::max(moeb, v41g_moe_ws_size(&m));
+            }
         }
     }
     wq_need(g->head.q);
