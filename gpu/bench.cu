@@ -534,17 +534,12 @@ double find_op(const bench &B, const char *op, const std::string &name, const st
     return -1;
 }
 
-// What the engine's hybrid path runs for a packed Linear (gh_wq_linear): from V41G_WQ_DEQUANT_ROWS
-// rows on, the weight dequantized into scratch (2 N K bytes) and a cuBLAS bf16 GEMM; below,
-// v41g_wq_gemm with scratch as its split-K workspace.
-int engine_wq_linear(const v41g_wq &q, const uint16_t *in, int M, uint16_t *out, void *scratch, size_t scratch_bytes,
-                     cudaStream_t st)
+// The weight dequantized into scratch (2 N K bytes), then a cuBLAS bf16 GEMM: what the engines'
+// packed Linears (v41g_wq_linear) run from V41G_WQ_DEQUANT_ROWS rows on
+int dequant_cublas(const v41g_wq &q, const uint16_t *in, int M, uint16_t *out, void *scratch, cudaStream_t st)
 {
-    if (M >= V41G_WQ_DEQUANT_ROWS) {
-        int r = v41g_wq_dequant(&q, 0, (uint16_t *)scratch, st);
-        return r ? r : v41g_gemm_bf16(in, (const uint16_t *)scratch, out, M, q.N, q.K, 0, 1, 0, 0, 0, st);
-    }
-    return v41g_wq_gemm(&q, in, M, out, 0, scratch, scratch_bytes, st);
+    int r = v41g_wq_dequant(&q, 0, (uint16_t *)scratch, st);
+    return r ? r : v41g_gemm_bf16(in, (const uint16_t *)scratch, out, M, q.N, q.K, 0, 1, 0, 0, 0, st);
 }
 // --match: keep a wq record only when its name contains the string
 bool skip_rec(const char *match, const std::string &name) { return match && !strstr(name.c_str(), match); }
@@ -603,7 +598,7 @@ void wq(bench &B, bool quick, const char *match)
                 const int M = f8 ? M8[i] : M4[i];
                 if (quick && M != (f8 ? 64 : 8)) continue;
                 const std::string nm = fmt("%s_%s_M%d", s.nm, f8 ? "fp8" : "fp4", M);
-                // from V41G_WQ_DEQUANT_ROWS rows on, also what the engine runs there (engine_wq_linear):
+                // from V41G_WQ_DEQUANT_ROWS rows on, also what the engine runs there (v41g_wq_linear):
                 // the weight dequantized to a bf16 scratch, then the cuBLAS bf16 GEMM
                 const bool want_k = !skip_rec(match, nm),
                            want_d = M >= V41G_WQ_DEQUANT_ROWS && !skip_rec(match, nm + "_deq_cublas");
@@ -659,7 +654,7 @@ void wq(bench &B, bool quick, const char *match)
                 // bytes: codes + scales read, bf16 weight written and read back, activations in and out
                 if (want_d) {
                     if (!wd) wd = (uint16_t *)B.alloc(nbf * 2);
-                    const std::vector<double> tt = B.times({[&] { return engine_wq_linear(W, x, M, y, wd, nbf * 2, B.st); }, cub});
+                    const std::vector<double> tt = B.times({[&] { return dequant_cublas(W, x, M, y, wd, B.st); }, cub});
                     const double td = tt[0];
                     tc = tt[1];
                     B.rec("wq", nm + "_deq_cublas",
@@ -1022,7 +1017,7 @@ void decode_ops(bench &B, bool quick)
 // request of T rows. Weights: bf16 (experts dequantized), or with packed = true as
 // the engine keeps them since session 4: wq_a, wq_b, wkv, the indexer's wq_b and
 // wo_b fp8 (e4m3 + 32x32 e8m0 blocks), routed experts fp4, the shared expert fp8,
-// run like the engine's hybrid path (engine_wq_linear: v41g_wq_gemm below 256 rows, else
+// run like the engine's hybrid path (v41g_wq_linear: v41g_wq_gemm below 256 rows, else
 // dequantize into a scratch + cuBLAS; v41g_moe_ffn with the storage-format experts); wo_a, the
 // indexer's head projection and the gate stay bf16.
 void layer(bench &B, int T, bool decode, int ctx, bool packed)
@@ -1049,12 +1044,11 @@ void layer(bench &B, int T, bool decode, int ctx, bool packed)
         for (const v41g_wq *q : {&Qa, &Qb, &Qkv, &Qi, &Qo}) wq_bytes += stored_bytes(*q);
         Qm = make_moe_storage(B, 65);
     }
-    // scratch of the packed path (engine_wq_linear): split-K workspace, or from V41G_WQ_DEQUANT_ROWS
+    // workspace of the packed path (v41g_wq_linear): split-K partials, or from V41G_WQ_DEQUANT_ROWS
     // rows on the dequantized weight
     size_t pk_ws = 0;
     if (packed)
-        for (const v41g_wq *q : {&Qa, &Qb, &Qkv, &Qi, &Qo})
-            pk_ws = std::max(pk_ws, T >= V41G_WQ_DEQUANT_ROWS ? (size_t)2 * q->N * q->K : v41g_wq_ws_bytes(q, T));
+        for (const v41g_wq *q : {&Qa, &Qb, &Qkv, &Qi, &Qo}) pk_ws = std::max(pk_ws, v41g_wq_linear_ws_bytes(q, T));
     void *pk = pk_ws ? B.alloc(pk_ws) : NULL;
     float hf[R / 2];
     v41g_rope_freqs(R, 160000.0, 65536, 16, 32, 1, hf);
@@ -1089,7 +1083,7 @@ void layer(bench &B, int T, bool decode, int ctx, bool packed)
     if (packed) { m.q13 = &Qm.W13; m.q2 = &Qm.W2; m.q13s = &Qm.W13s; m.q2s = &Qm.W2s; }
     // a Linear of the attention half: bf16 weights through cuBLAS, or the packed path
     auto lin = [&](const v41g_wq &q, const uint16_t *wb, const uint16_t *in, uint16_t *out, int N, int K) {
-        return packed ? engine_wq_linear(q, in, T, out, pk, pk_ws, B.st)
+        return packed ? v41g_wq_linear(&q, in, T, out, 0, pk, pk_ws, B.st)
                       : v41g_gemm_bf16(in, wb, out, T, N, K, 0, 1, 0, 0, 0, B.st);
     };
     void *ws = B.alloc(v41g_moe_ws_size(&m));

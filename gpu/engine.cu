@@ -76,8 +76,8 @@ struct gh_ctx {
     long n_packed = 0;   // weights kept in their storage format
     void *dx = nullptr, *dq = nullptr, *dy = nullptr;
     size_t cx = 0, cq = 0, cy = 0;
-    void *dws = nullptr, *dwd = nullptr;   // packed Linears: split-K partials, bf16 copy for large M
-    size_t cws = 0, cwd = 0;
+    void *dws = nullptr;   // packed Linears' workspace (v41g_wq_linear): split-K partials, or the bf16 copy for large M
+    size_t cws = 0;
     std::vector<float> a, yb;
     std::vector<uint16_t> ab;
     long n_gpu = 0, n_cpu = 0;
@@ -151,14 +151,9 @@ int cuda_err(cudaError_t ce, const char *what, v41_err *err)
 int gh_wq_linear(const v41g_wq *q, const uint16_t *x, int M, void *y, bool f32, gh_ctx *g, v41g_stream st)
 {
     v41_err e = {};
-    if (M >= V41G_WQ_DEQUANT_ROWS && !v41g_wq_f8_active(q)) {
-        if (grow(&g->dwd, &g->cwd, 2 * (size_t)q->N * q->K, &e)) return (int)cudaErrorMemoryAllocation;
-        int kr = v41g_wq_dequant(q, 0, (uint16_t *)g->dwd, st);
-        return kr ? kr : v41g_gemm_bf16(x, (const uint16_t *)g->dwd, y, M, q->N, q->K, f32 ? 1 : 0, 1, 0, 0, 0, st);
-    }
-    const size_t need = v41g_wq_ws_bytes(q, M);
+    const size_t need = v41g_wq_linear_ws_bytes(q, M);
     if (need && grow(&g->dws, &g->cws, need, &e)) return (int)cudaErrorMemoryAllocation;
-    return v41g_wq_gemm(q, x, M, y, f32 ? 1 : 0, g->dws, g->cws, st);
+    return v41g_wq_linear(q, x, M, y, f32 ? 1 : 0, g->dws, g->cws, st);
 }
 
 // Weight of a Linear on the device: uploaded on first use, kept until destroy. want_pack: an
@@ -295,7 +290,6 @@ void gh_destroy(v41_engine *e)
         cudaFree((void *)kv.second.q.s);
     }
     if (g->dws) cudaFree(g->dws);
-    if (g->dwd) cudaFree(g->dwd);
     if (g->dx) cudaFree(g->dx);
     if (g->dq) cudaFree(g->dq);
     if (g->dy) cudaFree(g->dy);

@@ -117,9 +117,8 @@ extern "C" int v41g_moe_route(const float *logits, const float *bias, int T, int
 struct moe_ws {
     int32_t *counts, *offsets, *perm, *pos_of, *xrow;
     uint16_t *xq, *xs, *h13, *h, *ye, *hs13, *hs, *ys;
-    void *wsq;      /* split-K partials of the shared expert's storage-format GEMMs, or (deq) its bf16 weights */
+    void *wsq;      /* workspace of the shared expert's storage-format Linears (v41g_wq_linear) */
     size_t wsq_bytes, total;
-    bool deq;       /* the shared expert's Linears as dequantize + cuBLAS */
 };
 static size_t al256(size_t n) { return (n + 255) & ~(size_t)255; }
 static moe_ws moe_layout(const v41g_moe *m, void *base)
@@ -145,18 +144,14 @@ static moe_ws moe_layout(const v41g_moe *m, void *base)
     TAKE(ye, uint16_t, A * m->D);
     w.wsq_bytes = 0;
     w.wsq = NULL;
-    w.deq = false;
     if (m->w13s || m->q13s) {
         TAKE(hs13, uint16_t, (size_t)m->T * 2 * m->I);
         TAKE(hs, uint16_t, (size_t)m->T * m->I);
         TAKE(ys, uint16_t, (size_t)m->T * m->D);
         if (m->q13s) {
-            // from V41G_WQ_DEQUANT_ROWS tokens, as the engines' dense Linears (gh_wq_linear): at the
-            // MoE's 4096 tokens the packed kernel ran the shared expert's two Linears at about a
-            // third of cuBLAS's rate
-            w.deq = m->T >= V41G_WQ_DEQUANT_ROWS && !v41g_wq_f8_active(m->q13s) && !v41g_wq_f8_active(m->q2s);
-            w.wsq_bytes = w.deq ? 2 * std::max((size_t)m->q13s->N * m->q13s->K, (size_t)m->q2s->N * m->q2s->K)
-                                : std::max(v41g_wq_ws_bytes(m->q13s, m->T), v41g_wq_ws_bytes(m->q2s, m->T));
+            // as the engines' dense Linears: from V41G_WQ_DEQUANT_ROWS tokens dequantize + cuBLAS (at
+            // the MoE's 4096 tokens the packed kernel ran them at about a third of cuBLAS's rate)
+            w.wsq_bytes = std::max(v41g_wq_linear_ws_bytes(m->q13s, m->T), v41g_wq_linear_ws_bytes(m->q2s, m->T));
             w.wsq = b ? b + o : NULL;
             o += al256(w.wsq_bytes);
         }
@@ -313,22 +308,16 @@ __global__ void g_moe_combine_kernel(const uint16_t *__restrict__ ye, const uint
 
 // Shared expert: w1|w3, SwiGLU (no routing weight), act_quant, w2 into w.ys; weights in their
 // storage format (q13s/q2s) or bf16 (w13s/w2s).
-static int moe_wq_linear(const v41g_wq *q, const moe_ws &w, const uint16_t *x, int M, uint16_t *y, cudaStream_t st)
-{
-    if (!w.deq) return v41g_wq_gemm(q, x, M, y, 0, w.wsq, w.wsq_bytes, st);
-    int rc = v41g_wq_dequant(q, 0, (uint16_t *)w.wsq, st);
-    return rc ? rc : v41g_gemm_bf16(x, (const uint16_t *)w.wsq, y, M, q->N, q->K, 0, 1, 0, 0, 0, st);
-}
 static int moe_shared(const v41g_moe *m, const moe_ws &w, cudaStream_t st)
 {
     const int T = m->T, D = m->D, I = m->I;
-    int rc = m->q13s ? moe_wq_linear(m->q13s, w, w.xq, T, w.hs13, st)
+    int rc = m->q13s ? v41g_wq_linear(m->q13s, w.xq, T, w.hs13, 0, w.wsq, w.wsq_bytes, st)
                      : v41g_gemm_bf16(w.xq, m->w13s, w.hs13, T, 2 * I, D, 0, 1, 0, 0, 0, st);
     if (rc) return rc;
     swiglu(w.hs13, NULL, NULL, T, I, m->limit, w.hs, st);
     G_LAUNCHED();
     if ((rc = v41g_act_quant(w.hs, NULL, NULL, w.hs, T, I, st))) return rc;
-    return m->q13s ? moe_wq_linear(m->q2s, w, w.hs, T, w.ys, st)
+    return m->q13s ? v41g_wq_linear(m->q2s, w.hs, T, w.ys, 0, w.wsq, w.wsq_bytes, st)
                    : v41g_gemm_bf16(w.hs, m->w2s, w.ys, T, D, I, 0, 1, 0, 0, 0, st);
 }
 

@@ -558,18 +558,16 @@ __global__ void __launch_bounds__(256, BN <= 64 ? 2 : 1) g_wq_wgmma_kernel(wq_ar
         }
         g_cp_wait<0>();
         g_pdl_trigger();   // the split-K reduction may launch (it waits for this grid to finish)
-        if (a.part || a.out_f32) {
-            float *y0 = a.part ? a.part + (size_t)blockIdx.z * a.M * a.N : (float *)a.y;
-            wq_store_tile<BN>(y0, a, m0, mrows, C.n0 + rA, c, acc, [](float v) { return v; });
+        // the main tile's rows, then the tail's (fp32 partials or output, or bf16 output)
+        auto store = [&](auto *y0, auto cvt) {
+            wq_store_tile<BN>(y0, a, m0, mrows, C.n0 + rA, c, acc, cvt);
             if constexpr (TL > 0)
-                if (trows > 0) wq_store_tile<TL>(y0, a, m0 + BN, trows, C.n0 + rA, c, acct, [](float v) { return v; });
-        } else {
-            wq_store_tile<BN>((uint16_t *)a.y, a, m0, mrows, C.n0 + rA, c, acc, [](float v) { return g_f2bf(v); });
-            if constexpr (TL > 0)
-                if (trows > 0)
-                    wq_store_tile<TL>((uint16_t *)a.y, a, m0 + BN, trows, C.n0 + rA, c, acct,
-                                      [](float v) { return g_f2bf(v); });
-        }
+                if (trows > 0) wq_store_tile<TL>(y0, a, m0 + BN, trows, C.n0 + rA, c, acct, cvt);
+        };
+        if (a.part || a.out_f32)
+            store(a.part ? a.part + (size_t)blockIdx.z * a.M * a.N : (float *)a.y, [](float v) { return v; });
+        else
+            store((uint16_t *)a.y, [](float v) { return g_f2bf(v); });
     }
 #endif
 }
@@ -1223,6 +1221,26 @@ extern "C" int v41g_wq_gemm(const v41g_wq *W, const uint16_t *x, int M, void *y,
         G_CHECK(g_launch_pdl(g_wq_reduce_kernel, dim3((unsigned)((MN + 255) / 256)), dim3(256), 0, st, (const float *)a.part,
                              sp, MN, y, out_f32));
     return 0;
+}
+
+namespace {
+bool linear_deq(const v41g_wq *W, int M) { return M >= V41G_WQ_DEQUANT_ROWS && !v41g_wq_f8_active(W); }
+}  // namespace
+
+extern "C" size_t v41g_wq_linear_ws_bytes(const v41g_wq *W, int M)
+{
+    if (!wq_valid(W) || M <= 0) return 0;
+    return linear_deq(W, M) ? 2 * (size_t)W->N * W->K : v41g_wq_ws_bytes(W, M);
+}
+
+extern "C" int v41g_wq_linear(const v41g_wq *W, const uint16_t *x, int M, void *y, int out_f32, void *ws,
+                              size_t ws_bytes, v41g_stream s)
+{
+    if (!wq_valid(W) || M < 0) return (int)cudaErrorInvalidValue;
+    if (!linear_deq(W, M)) return v41g_wq_gemm(W, x, M, y, out_f32, ws, ws_bytes, s);
+    if (!ws || ws_bytes < 2 * (size_t)W->N * W->K) return (int)cudaErrorInvalidValue;
+    int rc = v41g_wq_dequant(W, 0, (uint16_t *)ws, s);
+    return rc ? rc : v41g_gemm_bf16(x, (const uint16_t *)ws, y, M, W->N, W->K, out_f32, 1, 0, 0, 0, s);
 }
 
 extern "C" int v41g_wq_gemm_grouped(const v41g_wq *W, int G, const int32_t *off, const int32_t *xrow,

@@ -153,6 +153,14 @@ typedef struct v41g_wq {
 size_t v41g_wq_ws_bytes(const v41g_wq *W, int M);
 int v41g_wq_gemm(const v41g_wq *W, const uint16_t *x, int M, void *y, int out_f32, void *ws, size_t ws_bytes,
                  v41g_stream s);
+/* A packed Linear as the engines run it (the hybrid path, the MoE's shared expert, the
+ * benchmark's layer): from M = 256 rows on, unless V41_WQ_F8MMA sends W to the fp8 MMA path,
+ * W dequantized into ws (bf16, 2 N K bytes) and the GEMM through cuBLAS (fp32 accumulate);
+ * below, v41g_wq_gemm with ws as its workspace. v41g_wq_linear_ws_bytes: the ws it wants; the
+ * dequantize path refuses less (cudaErrorInvalidValue), the other splits less. */
+size_t v41g_wq_linear_ws_bytes(const v41g_wq *W, int M);
+int v41g_wq_linear(const v41g_wq *W, const uint16_t *x, int M, void *y, int out_f32, void *ws, size_t ws_bytes,
+                   v41g_stream s);
 /* Grouped: rows p of the sorted problem with off[g] <= p < off[g+1] (off: device
  * int32 [G+1], off[0] = 0, off[G] = M_total; the counts may live only on the
  * device) compute y[p, :] = x[xrow[p], :] . deq(W_g)^T (xrow: device int32

@@ -1053,11 +1053,23 @@ START_TEST(test_bad_args)
         ck_assert_msg(v41g_wq_gemm_grouped(&bad[j], 1, doff, NULL, dx, M, dy, 1, NULL) == CUDA_INVALID_VALUE,
                       "v41g_wq_gemm_grouped accepted %s", nm[j]);
         ck_assert_msg(v41g_wq_dequant(&bad[j], 0, dy, NULL) == CUDA_INVALID_VALUE, "v41g_wq_dequant accepted %s", nm[j]);
+        ck_assert_msg(v41g_wq_linear(&bad[j], dx, M, dy, 1, ws, 1 << 16, NULL) == CUDA_INVALID_VALUE,
+                      "v41g_wq_linear accepted %s", nm[j]);
+        ck_assert_msg(v41g_wq_linear_ws_bytes(&bad[j], M) == 0, "v41g_wq_linear_ws_bytes sized %s", nm[j]);
         unsigned char *y = down(dy, YB);   /* (down also checks that no error is pending) */
         for (int i = 0; i < YB; i++)
             ck_assert_msg(y[i] == 0x5a, "%s: output byte %d written (0x%02x)", nm[j], i, y[i]);
         free(y);
     }
+    /* from 256 rows the dequantize + cuBLAS path: it wants the bf16 weight (2 N K bytes) and refuses
+     * less, writing nothing (the rows are never read: the call stops before any launch) */
+    v41g_wq W = qw_desc(&q, 0);
+    ck_assert_uint_eq(v41g_wq_linear_ws_bytes(&W, 256), (size_t)2 * N * K);
+    ck_assert_int_eq(v41g_wq_linear(&W, dx, 256, dy, 1, ws, 2 * N * K - 1, NULL), CUDA_INVALID_VALUE);
+    ck_assert_int_eq(v41g_wq_linear(&W, dx, 256, dy, 1, NULL, 0, NULL), CUDA_INVALID_VALUE);
+    unsigned char *y = down(dy, YB);
+    for (int i = 0; i < YB; i++) ck_assert_msg(y[i] == 0x5a, "v41g_wq_linear short ws: output byte %d written", i);
+    free(y);
     v41g_free(dx); v41g_free(doff); v41g_free(dy); v41g_free(ws);
     free(x);
     qw_free(&q);
