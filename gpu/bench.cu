@@ -673,7 +673,7 @@ void wq(bench &B, bool quick, const char *match)
     // them): T tokens, each on KA distinct uniformly drawn experts, rows sorted by expert; w1||w3
     // reads the tokens through the row list, w2 the sorted rows. Bytes: the stored weights of the
     // experts that got rows + activations in + out.
-    for (int T : {64, 512, 4096}) {
+    for (int T : {64, 256, 512, 4096}) {
         if (quick && T != 64) continue;
         if (skip_rec(match, fmt("expert_w13_fp4_grouped_T%d", T)) && skip_rec(match, fmt("expert_w2_fp4_grouped_T%d", T)))
             continue;
@@ -715,9 +715,9 @@ void wq(bench &B, bool quick, const char *match)
     }
     uint16_t *gateW = (uint16_t *)B.alloc((size_t)E * D * 2);
     v41g_fill_bf16(gateW, (size_t)E * D, 34, 0.02f, B.st);
-    int Ts[] = {64, 512, 4096};   // a decode batch, then the issue's two token counts
+    int Ts[] = {64, 256, 512, 4096};   // two decode batches, then the issue's two token counts
     for (int T : Ts) {
-        if (quick && T == 4096) continue;
+        if (quick && T >= 256 && T != 512) continue;
         if (skip_rec(match, fmt("moe_fp4_T%d", T))) continue;
         int ne;
         const v41g_moe m = {T, D, IM, E, KA, 10.0f, NULL, NULL, NULL, NULL, &ms.W13, &ms.W2, &ms.W13s, &ms.W2s};

@@ -73,7 +73,8 @@ struct wq_args {
     int out_f32;
     float *part;                 /* split-K partials [gridDim.z][M][N], or NULL */
     int kt_per_split;
-    int xr;                      /* g_wq_gemv_kernel: activation rows per m tile (1..8) */
+    int xr;                      /* g_wq_gemv_kernel: activation rows per m tile (1..8, or 1..16 with NT = 2) */
+    int kc;                      /* g_wq_gemv_kernel: k tiles per staged chunk of the rows (0: the split's k range) */
 };
 
 __host__ __device__ constexpr int wq_wrow(int fmt) { return fmt == V41G_WQ_FP8 ? 64 : 32; }   /* code bytes per row per k tile */
@@ -573,8 +574,11 @@ __global__ void __launch_bounds__(256, BN <= 64 ? 2 : 1) g_wq_wgmma_kernel(wq_ar
 }
 
 // ---- decode kernel (any sm_80+ device; M <= 8 rows, or groups of a few rows): no block-level
-// pipeline. The CTA's activation rows (at most XR = a.xr <= 8) of its k range are staged once in
-// shared memory, in the A-fragment column order (below), and every warp then streams its own 32
+// pipeline. The CTA's activation rows (at most XR = a.xr <= 8, or 16 in the NT = 2 instance) of its
+// k range are staged in shared memory, in the A-fragment column order (below): at once, or (NT = 2,
+// grouped calls) in chunks of a.kc k tiles with a CTA barrier between chunks, so that four CTAs
+// fit an SM (session 24: the MoE at 512 tokens 4.51 -> 3.67 ms on the H200; with the whole k range
+// staged, 16 rows of w1||w3 took 164 KB, one CTA an SM). Every warp then streams its own 32
 // weight rows of the 128-row band straight from global memory into registers: tile kt of warp w is
 // the contiguous bytes [32w, 32w + 32) rows x WROW of the 4/8 KB tile, each thread 8 (fp4) or 16
 // (fp8) bytes of 4 rows, loaded P tiles ahead (4 KB per warp in flight), the scale bytes a group of
@@ -618,15 +622,20 @@ __device__ __forceinline__ void wq_ld_stream(uint32_t *r, const uint8_t *p, int 
 }
 // CL: the gridDim.z splits of an n band are one cluster and sum their partials in distributed
 // shared memory (part NULL); its own instance, so the plain one's registers stay as they were
-template <int FMT, bool CL>
-__global__ void __launch_bounds__(128, 4) g_wq_gemv_kernel(wq_args a)
+// NT: n8 tiles of activation rows per pass (XR = a.xr <= 8 NT rows; the second tile's MMAs run only
+// where a pass has more than 8 rows). NT = 2 is for grouped calls (no cluster instance).
+template <int FMT, bool CL, int NT = 1>
+__global__ void __launch_bounds__(128, NT == 1 || FMT == V41G_WQ_FP4 ? 4 : 3) g_wq_gemv_kernel(wq_args a)
 {
-    constexpr int WROW = wq_wrow(FMT), WT = WQ_BN * WROW, P = wq_gv<FMT>::P, RW = wq_gv<FMT>::RW;
+    static_assert(NT == 1 || (NT == 2 && !CL), "two row tiles only without the cluster sum");
+    // (NT = 2: two tiles in flight a warp, so that the fp4 instance fits 128 registers, four CTAs an SM)
+    constexpr int WROW = wq_wrow(FMT), WT = WQ_BN * WROW, P = NT > 1 ? 2 : wq_gv<FMT>::P, RW = wq_gv<FMT>::RW;
     extern __shared__ __align__(16) unsigned char wq_smg[];
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, c = lane & 3;
     wq_cta C(a, a.xr);
     if (C.mbeg >= C.mend || C.kt0 >= C.kt1) return;
-    const int XR = a.xr, nt = C.kt1 - C.kt0, xs = 128 * nt + 16;
+    // the rows are staged kc k tiles at a time (a.kc, a multiple of P; 0: the whole k range)
+    const int XR = a.xr, nt = C.kt1 - C.kt0, kc = NT > 1 && a.kc > 0 && a.kc < nt ? a.kc : nt, xs = 128 * kc + 16;
     const uint8_t *Wb = a.w + (size_t)C.grp * a.w_stride + (size_t)blockIdx.x * C.KT * WT;
     // rows i = 2 mt + half: warp row 8i + g, codes at wrow + i * 8 WROW; scale row at C.S + soff[i]
     const uint8_t *wrow = Wb + (warp * 32 + g) * WROW + (WROW / 4) * c;
@@ -661,83 +670,110 @@ __global__ void __launch_bounds__(128, 4) g_wq_gemv_kernel(wq_args a)
 #pragma unroll
         for (int u = 0; u < P; u++) fetch(C.kt0 + u, u);   /* the weights do not depend on the rows */
         sfetch(C.kt0, scg);
-        if (m0 > C.mbeg) __syncthreads();   // every warp is done with the previous rows
-        // stage the rows: 16-byte source chunks (row r, tile t, columns 8j..8j+7) -> 4 words each
-        for (int q = tid; q < mrows * nt * 8; q += 128) {
-            const int r = q / (nt * 8), t = (q / 8) % nt, j = q % 8, k = (C.kt0 + t) * 64 + 8 * j;
-            uint4 v = make_uint4(0, 0, 0, 0);
-            if (k < a.K) v = *(const uint4 *)(a.x + (size_t)(a.xrow ? a.xrow[m0 + r] : m0 + r) * a.K + k);
-            uint32_t *dst = (uint32_t *)(wq_smg + r * xs + 128 * t);
-            const uint32_t w4[4] = {v.x, v.y, v.z, v.w};
+        const bool two = NT > 1 && mrows > 8;   /* the second row tile has rows (uniform over the CTA) */
+        float acc[NT][2][4];
 #pragma unroll
-            for (int h = 0; h < 4; h++) dst[wq_pos_of(8 * j + 2 * h) >> 1] = w4[h];
-        }
-        __syncthreads();
-        float acc[2][4] = {{0.0f, 0.0f, 0.0f, 0.0f}, {0.0f, 0.0f, 0.0f, 0.0f}};
+        for (int j = 0; j < NT; j++)
+#pragma unroll
+            for (int mt = 0; mt < 2; mt++) acc[j][mt][0] = acc[j][mt][1] = acc[j][mt][2] = acc[j][mt][3] = 0.0f;
         const unsigned char *xg = wq_smg + g * xs + 32 * c;
-        for (int kb = C.kt0; kb < C.kt1; kb += P) {
-            sfetch(kb + P, scn);
+        for (int kcb = C.kt0, kce; kcb < C.kt1; kcb = kce) {
+            kce = NT == 1 ? C.kt1 : min(C.kt1, kcb + kc);   /* (NT = 1: one chunk, the compiler sees it) */
+            const int nc = kce - kcb;
+            if (m0 > C.mbeg || kcb > C.kt0) __syncthreads();   // every warp is done with the previous rows or chunk
+            // stage the rows: 16-byte source chunks (row r, tile t, columns 8j..8j+7) -> 4 words each
+            for (int q = tid; q < mrows * nc * 8; q += 128) {
+                const int r = q / (nc * 8), t = (q / 8) % nc, j = q % 8, k = (kcb + t) * 64 + 8 * j;
+                uint4 v = make_uint4(0, 0, 0, 0);
+                if (k < a.K) v = *(const uint4 *)(a.x + (size_t)(a.xrow ? a.xrow[m0 + r] : m0 + r) * a.K + k);
+                uint32_t *dst = (uint32_t *)(wq_smg + r * xs + 128 * t);
+                const uint32_t w4[4] = {v.x, v.y, v.z, v.w};
 #pragma unroll
-            for (int u = 0; u < P; u++) {
-                const int kt = kb + u;
-                uint4 b01 = make_uint4(0, 0, 0, 0), b23 = b01;
-                if (g < mrows) {
-                    b01 = *(const uint4 *)(xg + 128 * (kt - C.kt0));
-                    b23 = *(const uint4 *)(xg + 128 * (kt - C.kt0) + 16);
-                }
-                const uint32_t bw[8] = {b01.x, b01.y, b01.z, b01.w, b23.x, b23.y, b23.z, b23.w};
-                if (FMT == V41G_WQ_FP4) {
-                    // e2m1 codes decode to their exact values; each 32-column block (k-steps 2b, 2b+1)
-                    // is summed on its own and scaled after, by the power of two 2^(e-127) (exact)
+                for (int h = 0; h < 4; h++) dst[wq_pos_of(8 * j + 2 * h) >> 1] = w4[h];
+            }
+            __syncthreads();
+            for (int kb = kcb; kb < kce; kb += P) {
+                sfetch(kb + P, scn);
 #pragma unroll
-                    for (int bl = 0; bl < 2; bl++) {
-                        float part[2][4] = {{0.0f, 0.0f, 0.0f, 0.0f}, {0.0f, 0.0f, 0.0f, 0.0f}};
+                for (int u = 0; u < P; u++) {
+                    const int kt = kb + u;
+                    // B fragments of row tile j: activation row 8j + g
+                    uint32_t bwj[NT][8];
 #pragma unroll
-                        for (int mt = 0; mt < 2; mt++) {
-                            uint32_t qa[4], qb[4];   /* rows 16mt + g and + 8; k-steps 2bl (q[3], q[2]) and 2bl + 1 */
-                            wq_dec_fp4x8(raw[u][2 * mt][bl], WQ_S126, qa);
-                            wq_dec_fp4x8(raw[u][2 * mt + 1][bl], WQ_S126, qb);
-                            g_mma_bf16(part[mt], qa[3], qb[3], qa[2], qb[2], bw[4 * bl], bw[4 * bl + 1]);
-                            g_mma_bf16(part[mt], qa[1], qb[1], qa[0], qb[0], bw[4 * bl + 2], bw[4 * bl + 3]);
+                    for (int j = 0; j < NT; j++) {
+                        uint4 b01 = make_uint4(0, 0, 0, 0), b23 = b01;
+                        if ((j == 0 || two) && 8 * j + g < mrows) {
+                            b01 = *(const uint4 *)(xg + 8 * j * xs + 128 * (kt - kcb));
+                            b23 = *(const uint4 *)(xg + 8 * j * xs + 128 * (kt - kcb) + 16);
+                        }
+                        bwj[j][0] = b01.x; bwj[j][1] = b01.y; bwj[j][2] = b01.z; bwj[j][3] = b01.w;
+                        bwj[j][4] = b23.x; bwj[j][5] = b23.y; bwj[j][6] = b23.z; bwj[j][7] = b23.w;
+                    }
+                    if (FMT == V41G_WQ_FP4) {
+                        // e2m1 codes decode to their exact values; each 32-column block (k-steps 2b, 2b+1)
+                        // is summed on its own and scaled after, by the power of two 2^(e-127) (exact)
+#pragma unroll
+                        for (int bl = 0; bl < 2; bl++) {
+                            float part[NT][2][4];
+#pragma unroll
+                            for (int mt = 0; mt < 2; mt++) {
+                                uint32_t qa[4], qb[4];   /* rows 16mt + g and + 8; k-steps 2bl (q[3], q[2]) and 2bl + 1 */
+                                wq_dec_fp4x8(raw[u][2 * mt][bl], WQ_S126, qa);
+                                wq_dec_fp4x8(raw[u][2 * mt + 1][bl], WQ_S126, qb);
+#pragma unroll
+                                for (int j = 0; j < NT; j++)
+                                    if (j == 0 || two) {
+                                        part[j][mt][0] = part[j][mt][1] = part[j][mt][2] = part[j][mt][3] = 0.0f;
+                                        g_mma_bf16(part[j][mt], qa[3], qb[3], qa[2], qb[2], bwj[j][4 * bl], bwj[j][4 * bl + 1]);
+                                        g_mma_bf16(part[j][mt], qa[1], qb[1], qa[0], qb[0], bwj[j][4 * bl + 2], bwj[j][4 * bl + 3]);
+                                    }
+                            }
+#pragma unroll
+                            for (int mt = 0; mt < 2; mt++)
+#pragma unroll
+                                for (int h = 0; h < 2; h++) {
+                                    const int i = 2 * mt + h;
+                                    const uint32_t e = (scg[i][u >> 1] >> (16 * (u & 1) + 8 * bl)) & 0xFFu;
+                                    const float f = __uint_as_float(e ? e << 23 : 0x00400000u);   /* 2^(e-127) */
+#pragma unroll
+                                    for (int j = 0; j < NT; j++)
+                                        if (j == 0 || two) {
+                                            acc[j][mt][2 * h] = fmaf(part[j][mt][2 * h], f, acc[j][mt][2 * h]);
+                                            acc[j][mt][2 * h + 1] = fmaf(part[j][mt][2 * h + 1], f, acc[j][mt][2 * h + 1]);
+                                        }
+                                }
+                        }
+                    } else {
+                        uint32_t mul[4][2];
+#pragma unroll
+                        for (int i = 0; i < 4; i++) {
+                            const uint32_t e = scg[i][0] >> (16 * u);
+                            mul[i][0] = wq_mul_fp8(e & 0xFFu);
+                            mul[i][1] = wq_mul_fp8((e >> 8) & 0xFFu);
                         }
 #pragma unroll
-                        for (int mt = 0; mt < 2; mt++)
+                        for (int s = 0; s < 4; s++) {
+                            uint32_t af[4][2];
 #pragma unroll
-                            for (int h = 0; h < 2; h++) {
-                                const int i = 2 * mt + h;
-                                const uint32_t e = (scg[i][u >> 1] >> (16 * (u & 1) + 8 * bl)) & 0xFFu;
-                                const float f = __uint_as_float(e ? e << 23 : 0x00400000u);   /* 2^(e-127) */
-                                acc[mt][2 * h] = fmaf(part[mt][2 * h], f, acc[mt][2 * h]);
-                                acc[mt][2 * h + 1] = fmaf(part[mt][2 * h + 1], f, acc[mt][2 * h + 1]);
-                            }
+                            for (int i = 0; i < 4; i++) wq_cvt_fp8(raw[u][i][s], mul[i][s >> 1], af[i][0], af[i][1]);
+#pragma unroll
+                            for (int j = 0; j < NT; j++)
+                                if (j == 0 || two)
+#pragma unroll
+                                    for (int mt = 0; mt < 2; mt++)
+                                        g_mma_bf16(acc[j][mt], af[2 * mt][0], af[2 * mt + 1][0], af[2 * mt][1], af[2 * mt + 1][1],
+                                                   bwj[j][2 * s], bwj[j][2 * s + 1]);
+                        }
                     }
-                } else {
-                    uint32_t mul[4][2];
-#pragma unroll
-                    for (int i = 0; i < 4; i++) {
-                        const uint32_t e = scg[i][0] >> (16 * u);
-                        mul[i][0] = wq_mul_fp8(e & 0xFFu);
-                        mul[i][1] = wq_mul_fp8((e >> 8) & 0xFFu);
-                    }
-#pragma unroll
-                    for (int s = 0; s < 4; s++) {
-                        uint32_t af[4][2];
-#pragma unroll
-                        for (int i = 0; i < 4; i++) wq_cvt_fp8(raw[u][i][s], mul[i][s >> 1], af[i][0], af[i][1]);
-#pragma unroll
-                        for (int mt = 0; mt < 2; mt++)
-                            g_mma_bf16(acc[mt], af[2 * mt][0], af[2 * mt + 1][0], af[2 * mt][1], af[2 * mt + 1][1],
-                                       bw[2 * s], bw[2 * s + 1]);
-                    }
+                    fetch(kt + P, u);
                 }
-                fetch(kt + P, u);
+#pragma unroll
+                for (int i = 0; i < 4; i++)
+#pragma unroll
+                    for (int w = 0; w < SW; w++) scg[i][w] = scn[i][w];
             }
-#pragma unroll
-            for (int i = 0; i < 4; i++)
-#pragma unroll
-                for (int w = 0; w < SW; w++) scg[i][w] = scn[i][w];
         }
-        // acc[mt][e] = (weight row 16mt + g (+8 for e >= 2) of the warp, activation row 2c (+1 for odd e))
+        // acc[j][mt][e] = (weight row 16mt + g (+8 for e >= 2) of the warp, activation row 8j + 2c (+1 for odd e))
         if constexpr (CL) {
 #if WQ_HAVE_CLUSTER
             // the band's splits are the ranks of one cluster: each puts its partial tile [mrows][128]
@@ -750,7 +786,7 @@ __global__ void __launch_bounds__(128, 4) g_wq_gemv_kernel(wq_args a)
 #pragma unroll
                 for (int e = 0; e < 4; e++) {
                     const int r = 2 * c + (e & 1);
-                    if (r < mrows) ps[r * WQ_BN + warp * 32 + 16 * mt + g + (e >> 1) * 8] = acc[mt][e];
+                    if (r < mrows) ps[r * WQ_BN + warp * 32 + 16 * mt + g + (e >> 1) * 8] = acc[0][mt][e];
                 }
             cg::cluster_group cl = cg::this_cluster();
             cl.sync();   // every rank's partial is written (release / acquire)
@@ -768,12 +804,14 @@ __global__ void __launch_bounds__(128, 4) g_wq_gemv_kernel(wq_args a)
 #endif
         } else {
 #pragma unroll
-            for (int mt = 0; mt < 2; mt++)
+            for (int j = 0; j < NT; j++)
 #pragma unroll
-                for (int e = 0; e < 4; e++) {
-                    const int n = C.n0 + warp * 32 + 16 * mt + g + (e >> 1) * 8, r = 2 * c + (e & 1);
-                    if (n < a.N && r < mrows) wq_store(a, m0, r, n, acc[mt][e]);
-                }
+                for (int mt = 0; mt < 2; mt++)
+#pragma unroll
+                    for (int e = 0; e < 4; e++) {
+                        const int n = C.n0 + warp * 32 + 16 * mt + g + (e >> 1) * 8, r = 8 * j + 2 * c + (e & 1);
+                        if (n < a.N && r < mrows) wq_store(a, m0, r, n, acc[j][mt][e]);
+                    }
         }
         // (no g_pdl_trigger in this kernel: the reduction launches as its CTAs exit; with a trigger
         // anywhere in it the fp4 instance, at its 128-register cap, spilled 12 bytes; session 13)
@@ -1056,6 +1094,26 @@ int split_gemv(const v41g_wq *W, int M, size_t ws_bytes, int *kps, bool *cl)
     *cl = gemv_cluster(ctas, sp);
     return sp;
 }
+// V41_WQ_GEMV16=0 (read at every call; A/B runs and the tests): grouped calls of 5..8 rows a group on
+// average take the decode kernel with 8 rows a pass (its rows staged for the whole k range at
+// once), as before session 24, instead of 16 in chunks
+bool gemv16()
+{
+    const char *e = getenv("V41_WQ_GEMV16");
+    return !(e && e[0] == '0' && !e[1]);
+}
+// k tiles a staged chunk of xr rows, for kt tiles: the fewest chunks that keep the staged rows of a
+// CTA within a quarter (fp4) or a third (fp8) of an SM's shared memory, the CTAs an SM that the
+// NT = 2 instance's registers allow (fp4: 126 with 2 weight tiles in flight a warp; H200, session
+// 24: the MoE at 512 tokens 3.67 ms, against 4.16 ms at three CTAs an SM and 3.78 ms with 4 tiles
+// in flight at three), as even as whole groups of 4 tiles allow
+int gemv_chunk(int fmt, int kt, int xr)
+{
+    const int per = fmt == V41G_WQ_FP4 ? 4 : 3;
+    const long cap = std::max<long>(4, ((long)g_smem_optin() / per - 1024) / xr / 128 / 4 * 4);
+    const long n = (kt + cap - 1) / cap;
+    return (int)std::min<long>(cap, ((kt + n - 1) / n + 3) / 4 * 4);
+}
 // the split plan of a dense call: gemv (*cl: its splits sum in a cluster) or the tiled kernels
 // (wg: wgmma or mma.sync)
 int plan(const v41g_wq *W, int M, bool wg, size_t ws_bytes, int *kps, bool *gv, bool *cl)
@@ -1076,13 +1134,16 @@ int plan(const v41g_wq *W, int M, bool wg, size_t ws_bytes, int *kps, bool *gv, 
 // cl: the cluster instance, grid.z splits as clusters of (1, 1, grid.z)
 int launch_gemv(int fmt, dim3 grid, const wq_args &a, bool cl, cudaStream_t st)
 {
-    const int sm = (int)gemv_smem_cl(a.xr, a.kt_per_split, cl);
+    if (a.xr > 8 && cl) return (int)cudaErrorInvalidValue;   /* (no such instance; never asked for) */
+    const int sm = (int)gemv_smem_cl(a.xr, a.kc > 0 ? a.kc : a.kt_per_split, cl);
     const cudaLaunchAttribute at = g_attr_cluster(dim3(1, 1, grid.z));
     auto go = [&](auto *kern) -> int {
         if (int rc = set_smem(kern, sm)) return rc;
         G_CHECK(g_launch_ex(kern, grid, dim3(128), sm, st, cl ? &at : NULL, a));
         return 0;
     };
+    if (a.xr > 8)
+        return fmt == V41G_WQ_FP8 ? go(g_wq_gemv_kernel<V41G_WQ_FP8, false, 2>) : go(g_wq_gemv_kernel<V41G_WQ_FP4, false, 2>);
     if (fmt == V41G_WQ_FP8) return cl ? go(g_wq_gemv_kernel<V41G_WQ_FP8, true>) : go(g_wq_gemv_kernel<V41G_WQ_FP8, false>);
     return cl ? go(g_wq_gemv_kernel<V41G_WQ_FP4, true>) : go(g_wq_gemv_kernel<V41G_WQ_FP4, false>);
 }
@@ -1134,6 +1195,7 @@ wq_args args_of(const v41g_wq *W, const uint16_t *x, int M, void *y, int out_f32
     a.y = y; a.out_f32 = out_f32; a.part = NULL;
     a.kt_per_split = (W->K + 63) / 64;
     a.xr = 8;
+    a.kc = 0;
     return a;
 }
 
@@ -1259,8 +1321,14 @@ extern "C" int v41g_wq_gemm_grouped(const v41g_wq *W, int G, const int32_t *off,
     a.xrow = xrow;
     const int mean = (M_total + G - 1) / G;
     if (mean <= 8 && use_gemv()) {
-        a.xr = mean <= 2 ? 4 : 8;   /* groups of more rows loop over m tiles (the weights again) */
-        if (gemv_ok(W, a.xr, a.kt_per_split, false))
+        // rows a pass: groups of more rows loop over m tiles (the weights again). From 5 rows a group
+        // on average, 16 (two n8 tiles, the second skipped where a pass has at most 8 rows), staged in
+        // chunks of kc k tiles that keep four CTAs an SM. H200, session 24: the MoE at 512 tokens (8 a
+        // group; about 40 % of the groups have 9..16 rows) 4.51 -> 3.67 ms; at 256 tokens (4 a group)
+        // 16 rows a pass was slower (w2 875 -> 1043 us: its 8 staged rows fit four CTAs an SM already)
+        a.xr = mean <= 2 ? 4 : mean <= 4 || !gemv16() ? 8 : 16;
+        if (a.xr == 16) a.kc = gemv_chunk(W->fmt, a.kt_per_split, a.xr);
+        if (gemv_ok(W, a.xr, a.kc ? a.kc : a.kt_per_split, false))
             return launch_gemv(W->fmt, dim3((W->N + WQ_BN - 1) / WQ_BN, G, 1), a, false, G_STREAM(s));
     }
     const dim3 grid((W->N + WQ_BN - 1) / WQ_BN, G, 1);

@@ -495,7 +495,10 @@ END_TEST
 /* ------------------------------------------------------------ v41g_wq_gemm_grouped */
 /* row-count sets: 0: 81 rows (17 a group on average: the tiled kernels); 1: 15 rows (3 on average:
  * the decode kernel, 8-row m tiles, the 9-row group in two); 2: 8 rows (2 on average: 4-row m
- * tiles, the 5-row group in two); 3: 312 rows (62 on average: 64-row m tiles, and on the wgmma
+ * tiles, the 5-row group in two); 4: 40 rows (8 on average: the decode kernel with 16 rows a pass,
+ * so the 16-row group in one pass of two row tiles, the 1- and 6-row groups with one, the 17-row
+ * group in two passes; K 5120 stages the rows in two or more chunks of k tiles; tail -2:
+ * V41_WQ_GEMV16=0, 8 rows a pass); 3: 312 rows (62 on average: 64-row m tiles, and on the wgmma
  * kernel their tail rows: the 65-row group in one pass (a tail of 1), the 80-row group too (a tail
  * of 16 = TL), the 144-row group as 64 rows and then 64 + 16; with TL = 8 the 80-row group in two
  * passes). The decode kernel needs K % 64 == 0 (else the tiled kernels). tail: V41_WQ_TAIL for
@@ -509,17 +512,22 @@ static const gr_case gr_cases[] = {{V41G_WQ_FP4, 96, 160, 1, 0, -1, 0}, {V41G_WQ
                                    {V41G_WQ_FP4, 96, 160, 1, 3, -1, 0}, {V41G_WQ_FP4, 96, 160, 1, 3, 8, 0},
                                    {V41G_WQ_FP4, 96, 160, 1, 3, 0, 0},  {V41G_WQ_FP8, 129, 512, 0, 3, -1, 0},
                                    {V41G_WQ_FP8, 129, 512, 1, 3, 8, 0}, {V41G_WQ_FP4, 300, 256, 0, 3, 16, 0},
-                                   {V41G_WQ_FP4, 96, 160, 1, 3, -1, 128}, {V41G_WQ_FP4, 300, 256, 0, 3, 16, 128}};
+                                   {V41G_WQ_FP4, 96, 160, 1, 3, -1, 128}, {V41G_WQ_FP4, 300, 256, 0, 3, 16, 128},
+                                   {V41G_WQ_FP4, 300, 5120, 1, 4, -1, 0},  {V41G_WQ_FP8, 129, 5120, 0, 4, -1, 0},
+                                   {V41G_WQ_FP4, 96, 512, 1, 4, -1, 0},    {V41G_WQ_FP8, 70, 256, 1, 4, -1, 0},
+                                   {V41G_WQ_FP4, 129, 2304, 0, 4, -2, 0}};
 static void grouped_case(int i)
 {
     const gr_case c = gr_cases[i];
     enum { G = 5 };
-    static const int sets[4][G] = {{0, 1, 7, 70, 3}, {0, 1, 2, 9, 3}, {0, 1, 2, 5, 0}, {65, 0, 80, 144, 23}};
-    static const int tka[4][2] = {{27, 3}, {5, 3}, {4, 2}, {104, 3}};   /* gather: T tokens with KA assignments each, T * KA rows */
+    static const int sets[5][G] = {{0, 1, 7, 70, 3}, {0, 1, 2, 9, 3}, {0, 1, 2, 5, 0}, {65, 0, 80, 144, 23}, {0, 17, 16, 1, 6}};
+    static const int tka[5][2] = {{27, 3}, {5, 3}, {4, 2}, {104, 3}, {20, 2}};   /* gather: T tokens with KA assignments each, T * KA rows */
     char tv[8];
     snprintf(tv, sizeof tv, "%d", c.tail);
     if (c.tail >= 0) setenv("V41_WQ_TAIL", tv, 1);
     else unsetenv("V41_WQ_TAIL");
+    if (c.tail == -2) setenv("V41_WQ_GEMV16", "0", 1);
+    else unsetenv("V41_WQ_GEMV16");
     const int *counts = sets[c.set], T = tka[c.set][0], KA = tka[c.set][1];
     int32_t off[G + 1] = {0};
     for (int g = 0; g < G; g++) off[g + 1] = off[g] + counts[g];
@@ -557,6 +565,7 @@ static void grouped_case(int i)
     check_same(what, y, y2, 4 * ny);
     check_out(what, b, 0, exp, mag, ny, K);
     check_bf16_of_f32(what, b, y, ny);
+    unsetenv("V41_WQ_GEMV16");
     v41g_free(dx); v41g_free(doff); v41g_free(dxrow); v41g_free(dy); v41g_free(dy2); v41g_free(db);
     free(y); free(y2); free(b); free(x); free(xrow); free(exp); free(mag);
     qw_free(&q);
