@@ -498,7 +498,8 @@ END_TEST
  * tiles, the 5-row group in two); 4: 40 rows (8 on average: the decode kernel with 16 rows a pass,
  * so the 16-row group in one pass of two row tiles, the 1- and 6-row groups with one, the 17-row
  * group in two passes; K 5120 stages the rows in two or more chunks of k tiles; tail -2:
- * V41_WQ_GEMV16=0, 8 rows a pass); 3: 312 rows (62 on average: 64-row m tiles, and on the wgmma
+ * V41_WQ_GEMV16=0, 8 rows a pass; scales up to 128: that instance's fp4 scale folded into the
+ * decode, which scales up to 131 send to the per-block path for nearly every group); 3: 312 rows (62 on average: 64-row m tiles, and on the wgmma
  * kernel their tail rows: the 65-row group in one pass (a tail of 1), the 80-row group too (a tail
  * of 16 = TL), the 144-row group as 64 rows and then 64 + 16; with TL = 8 the 80-row group in two
  * passes). The decode kernel needs K % 64 == 0 (else the tiled kernels). tail: V41_WQ_TAIL for
@@ -515,7 +516,7 @@ static const gr_case gr_cases[] = {{V41G_WQ_FP4, 96, 160, 1, 0, -1, 0}, {V41G_WQ
                                    {V41G_WQ_FP4, 96, 160, 1, 3, -1, 128}, {V41G_WQ_FP4, 300, 256, 0, 3, 16, 128},
                                    {V41G_WQ_FP4, 300, 5120, 1, 4, -1, 0},  {V41G_WQ_FP8, 129, 5120, 0, 4, -1, 0},
                                    {V41G_WQ_FP4, 96, 512, 1, 4, -1, 0},    {V41G_WQ_FP8, 70, 256, 1, 4, -1, 0},
-                                   {V41G_WQ_FP4, 129, 2304, 0, 4, -2, 0}};
+                                   {V41G_WQ_FP4, 129, 2304, 0, 4, -2, 0},  {V41G_WQ_FP4, 300, 5120, 1, 4, -1, 128}};
 static void grouped_case(int i)
 {
     const gr_case c = gr_cases[i];
