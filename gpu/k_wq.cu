@@ -729,71 +729,70 @@ __global__ void __launch_bounds__(128, NT == 1 || FMT == V41G_WQ_FP4 ? 4 : 3) g_
                     }
                     if (FMT == V41G_WQ_FP4) {
                         if (FOLD && !big) {
-                        // each code decodes to code * 2^(e-127), its scale folded into the bf16x2 multiplier
-                        // (wq_mul_fp4_le128, one integer multiply-add, while the warp's vote finds no scale
-                        // byte of the group over 128; else wq_mul_fp4 and the second factor), and each
-                        // 32-column block (k-steps 2b, 2b+1) is summed on its own and added to acc: the
-                        // same bits as scaling the unscaled block sum by the power of two after
+                            // each code decodes to code * 2^(e-127), its scale folded into the bf16x2 multiplier
+                            // (wq_mul_fp4_le128, one integer multiply-add; the warp's vote found no scale byte
+                            // of the group over 128), and each 32-column block (k-steps 2b, 2b+1) is summed on
+                            // its own and added to acc
 #pragma unroll
-                        for (int bl = 0; bl < 2; bl++) {
-                            float part[NT][2][4];
+                            for (int bl = 0; bl < 2; bl++) {
+                                float part[NT][2][4];
 #pragma unroll
-                            for (int mt = 0; mt < 2; mt++) {
-                                const int sh = 16 * (u & 1) + 8 * bl;
-                                const uint32_t ea = (scg[2 * mt][u >> 1] >> sh) & 0xFFu, eb = (scg[2 * mt + 1][u >> 1] >> sh) & 0xFFu;
-                                uint32_t qa[4], qb[4];   /* rows 16mt + g and + 8; k-steps 2bl (q[3], q[2]) and 2bl + 1 */
-                                wq_dec_fp4x8(raw[u][2 * mt][bl], wq_mul_fp4_le128(ea), qa);
-                                wq_dec_fp4x8(raw[u][2 * mt + 1][bl], wq_mul_fp4_le128(eb), qb);
-#pragma unroll
-                                for (int j = 0; j < NT; j++)
-                                    if (j == 0 || two) {
-                                        part[j][mt][0] = part[j][mt][1] = part[j][mt][2] = part[j][mt][3] = 0.0f;
-                                        g_mma_bf16(part[j][mt], qa[3], qb[3], qa[2], qb[2], bwj[j][4 * bl], bwj[j][4 * bl + 1]);
-                                        g_mma_bf16(part[j][mt], qa[1], qb[1], qa[0], qb[0], bwj[j][4 * bl + 2], bwj[j][4 * bl + 3]);
-                                    }
-                            }
-#pragma unroll
-                            for (int j = 0; j < NT; j++)
-                                if (j == 0 || two)
-#pragma unroll
-                                    for (int mt = 0; mt < 2; mt++)
-#pragma unroll
-                                        for (int e = 0; e < 4; e++) acc[j][mt][e] += part[j][mt][e];
-                        }
-                        } else {
-                        // e2m1 codes decode to their exact values; each 32-column block (k-steps 2b, 2b+1)
-                        // is summed on its own and scaled after, by the power of two 2^(e-127) (exact)
-#pragma unroll
-                        for (int bl = 0; bl < 2; bl++) {
-                            float part[NT][2][4];
-#pragma unroll
-                            for (int mt = 0; mt < 2; mt++) {
-                                uint32_t qa[4], qb[4];   /* rows 16mt + g and + 8; k-steps 2bl (q[3], q[2]) and 2bl + 1 */
-                                wq_dec_fp4x8(raw[u][2 * mt][bl], WQ_S126, qa);
-                                wq_dec_fp4x8(raw[u][2 * mt + 1][bl], WQ_S126, qb);
-#pragma unroll
-                                for (int j = 0; j < NT; j++)
-                                    if (j == 0 || two) {
-                                        part[j][mt][0] = part[j][mt][1] = part[j][mt][2] = part[j][mt][3] = 0.0f;
-                                        g_mma_bf16(part[j][mt], qa[3], qb[3], qa[2], qb[2], bwj[j][4 * bl], bwj[j][4 * bl + 1]);
-                                        g_mma_bf16(part[j][mt], qa[1], qb[1], qa[0], qb[0], bwj[j][4 * bl + 2], bwj[j][4 * bl + 3]);
-                                    }
-                            }
-#pragma unroll
-                            for (int mt = 0; mt < 2; mt++)
-#pragma unroll
-                                for (int h = 0; h < 2; h++) {
-                                    const int i = 2 * mt + h;
-                                    const uint32_t e = (scg[i][u >> 1] >> (16 * (u & 1) + 8 * bl)) & 0xFFu;
-                                    const float f = __uint_as_float(e ? e << 23 : 0x00400000u);   /* 2^(e-127) */
+                                for (int mt = 0; mt < 2; mt++) {
+                                    const int sh = 16 * (u & 1) + 8 * bl;
+                                    const uint32_t ea = (scg[2 * mt][u >> 1] >> sh) & 0xFFu, eb = (scg[2 * mt + 1][u >> 1] >> sh) & 0xFFu;
+                                    uint32_t qa[4], qb[4];   /* rows 16mt + g and + 8; k-steps 2bl (q[3], q[2]) and 2bl + 1 */
+                                    wq_dec_fp4x8(raw[u][2 * mt][bl], wq_mul_fp4_le128(ea), qa);
+                                    wq_dec_fp4x8(raw[u][2 * mt + 1][bl], wq_mul_fp4_le128(eb), qb);
 #pragma unroll
                                     for (int j = 0; j < NT; j++)
                                         if (j == 0 || two) {
-                                            acc[j][mt][2 * h] = fmaf(part[j][mt][2 * h], f, acc[j][mt][2 * h]);
-                                            acc[j][mt][2 * h + 1] = fmaf(part[j][mt][2 * h + 1], f, acc[j][mt][2 * h + 1]);
+                                            part[j][mt][0] = part[j][mt][1] = part[j][mt][2] = part[j][mt][3] = 0.0f;
+                                            g_mma_bf16(part[j][mt], qa[3], qb[3], qa[2], qb[2], bwj[j][4 * bl], bwj[j][4 * bl + 1]);
+                                            g_mma_bf16(part[j][mt], qa[1], qb[1], qa[0], qb[0], bwj[j][4 * bl + 2], bwj[j][4 * bl + 3]);
                                         }
                                 }
-                        }
+#pragma unroll
+                                for (int j = 0; j < NT; j++)
+                                    if (j == 0 || two)
+#pragma unroll
+                                        for (int mt = 0; mt < 2; mt++)
+#pragma unroll
+                                            for (int e = 0; e < 4; e++) acc[j][mt][e] += part[j][mt][e];
+                            }
+                        } else {
+                            // e2m1 codes decode to their exact values; each 32-column block (k-steps 2b, 2b+1)
+                            // is summed on its own and scaled after, by the power of two 2^(e-127) (exact)
+#pragma unroll
+                            for (int bl = 0; bl < 2; bl++) {
+                                float part[NT][2][4];
+#pragma unroll
+                                for (int mt = 0; mt < 2; mt++) {
+                                    uint32_t qa[4], qb[4];   /* rows 16mt + g and + 8; k-steps 2bl (q[3], q[2]) and 2bl + 1 */
+                                    wq_dec_fp4x8(raw[u][2 * mt][bl], WQ_S126, qa);
+                                    wq_dec_fp4x8(raw[u][2 * mt + 1][bl], WQ_S126, qb);
+#pragma unroll
+                                    for (int j = 0; j < NT; j++)
+                                        if (j == 0 || two) {
+                                            part[j][mt][0] = part[j][mt][1] = part[j][mt][2] = part[j][mt][3] = 0.0f;
+                                            g_mma_bf16(part[j][mt], qa[3], qb[3], qa[2], qb[2], bwj[j][4 * bl], bwj[j][4 * bl + 1]);
+                                            g_mma_bf16(part[j][mt], qa[1], qb[1], qa[0], qb[0], bwj[j][4 * bl + 2], bwj[j][4 * bl + 3]);
+                                        }
+                                }
+#pragma unroll
+                                for (int mt = 0; mt < 2; mt++)
+#pragma unroll
+                                    for (int h = 0; h < 2; h++) {
+                                        const int i = 2 * mt + h;
+                                        const uint32_t e = (scg[i][u >> 1] >> (16 * (u & 1) + 8 * bl)) & 0xFFu;
+                                        const float f = __uint_as_float(e ? e << 23 : 0x00400000u);   /* 2^(e-127) */
+#pragma unroll
+                                        for (int j = 0; j < NT; j++)
+                                            if (j == 0 || two) {
+                                                acc[j][mt][2 * h] = fmaf(part[j][mt][2 * h], f, acc[j][mt][2 * h]);
+                                                acc[j][mt][2 * h + 1] = fmaf(part[j][mt][2 * h + 1], f, acc[j][mt][2 * h + 1]);
+                                            }
+                                    }
+                            }
                         }
                     } else {
                         uint32_t mul[4][2];
