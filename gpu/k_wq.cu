@@ -620,6 +620,21 @@ __device__ __forceinline__ void wq_ld_stream(uint32_t *r, const uint8_t *p, int 
     else
         asm volatile("ld.global.nc.L1::no_allocate.L2::256B.v2.u32 {%0,%1}, [%2];\n" : "=r"(r[0]), "=r"(r[1]) : "l"(p));
 }
+// g_wq_gemv_kernel's fp4 block step: rows 16mt + g and + 8 of tile slot u, k-steps 2bl (q[3], q[2]) and
+// 2bl + 1 (q[1], q[0]), their codes times the multipliers MA, MB, against row tile j's B fragments
+// (tile 1 only where two): part[j][mt] = the block's sums from zero. (A macro, not a lambda: a lambda
+// changed the generated code of the measured kernels.)
+#define WQ_FP4_BLOCK_MMA(MA, MB)                                                                                   \
+    do {                                                                                                           \
+        uint32_t qa[4], qb[4];                                                                                     \
+        wq_dec_fp4x8(raw[u][2 * mt][bl], (MA), qa);                                                                \
+        wq_dec_fp4x8(raw[u][2 * mt + 1][bl], (MB), qb);                                                            \
+        _Pragma("unroll") for (int j = 0; j < NT; j++) if (j == 0 || two) {                                       \
+            part[j][mt][0] = part[j][mt][1] = part[j][mt][2] = part[j][mt][3] = 0.0f;                              \
+            g_mma_bf16(part[j][mt], qa[3], qb[3], qa[2], qb[2], bwj[j][4 * bl], bwj[j][4 * bl + 1]);               \
+            g_mma_bf16(part[j][mt], qa[1], qb[1], qa[0], qb[0], bwj[j][4 * bl + 2], bwj[j][4 * bl + 3]);           \
+        }                                                                                                          \
+    } while (0)
 // CL: the gridDim.z splits of an n band are one cluster and sum their partials in distributed
 // shared memory (part NULL); its own instance, so the plain one's registers stay as they were
 // NT: n8 tiles of activation rows per pass (XR = a.xr <= 8 NT rows; the second tile's MMAs run only
@@ -740,16 +755,7 @@ __global__ void __launch_bounds__(128, NT == 1 || FMT == V41G_WQ_FP4 ? 4 : 3) g_
                                 for (int mt = 0; mt < 2; mt++) {
                                     const int sh = 16 * (u & 1) + 8 * bl;
                                     const uint32_t ea = (scg[2 * mt][u >> 1] >> sh) & 0xFFu, eb = (scg[2 * mt + 1][u >> 1] >> sh) & 0xFFu;
-                                    uint32_t qa[4], qb[4];   /* rows 16mt + g and + 8; k-steps 2bl (q[3], q[2]) and 2bl + 1 */
-                                    wq_dec_fp4x8(raw[u][2 * mt][bl], wq_mul_fp4_le128(ea), qa);
-                                    wq_dec_fp4x8(raw[u][2 * mt + 1][bl], wq_mul_fp4_le128(eb), qb);
-#pragma unroll
-                                    for (int j = 0; j < NT; j++)
-                                        if (j == 0 || two) {
-                                            part[j][mt][0] = part[j][mt][1] = part[j][mt][2] = part[j][mt][3] = 0.0f;
-                                            g_mma_bf16(part[j][mt], qa[3], qb[3], qa[2], qb[2], bwj[j][4 * bl], bwj[j][4 * bl + 1]);
-                                            g_mma_bf16(part[j][mt], qa[1], qb[1], qa[0], qb[0], bwj[j][4 * bl + 2], bwj[j][4 * bl + 3]);
-                                        }
+                                    WQ_FP4_BLOCK_MMA(wq_mul_fp4_le128(ea), wq_mul_fp4_le128(eb));
                                 }
 #pragma unroll
                                 for (int j = 0; j < NT; j++)
@@ -767,16 +773,7 @@ __global__ void __launch_bounds__(128, NT == 1 || FMT == V41G_WQ_FP4 ? 4 : 3) g_
                                 float part[NT][2][4];
 #pragma unroll
                                 for (int mt = 0; mt < 2; mt++) {
-                                    uint32_t qa[4], qb[4];   /* rows 16mt + g and + 8; k-steps 2bl (q[3], q[2]) and 2bl + 1 */
-                                    wq_dec_fp4x8(raw[u][2 * mt][bl], WQ_S126, qa);
-                                    wq_dec_fp4x8(raw[u][2 * mt + 1][bl], WQ_S126, qb);
-#pragma unroll
-                                    for (int j = 0; j < NT; j++)
-                                        if (j == 0 || two) {
-                                            part[j][mt][0] = part[j][mt][1] = part[j][mt][2] = part[j][mt][3] = 0.0f;
-                                            g_mma_bf16(part[j][mt], qa[3], qb[3], qa[2], qb[2], bwj[j][4 * bl], bwj[j][4 * bl + 1]);
-                                            g_mma_bf16(part[j][mt], qa[1], qb[1], qa[0], qb[0], bwj[j][4 * bl + 2], bwj[j][4 * bl + 3]);
-                                        }
+                                    WQ_FP4_BLOCK_MMA(WQ_S126, WQ_S126);
                                 }
 #pragma unroll
                                 for (int mt = 0; mt < 2; mt++)
