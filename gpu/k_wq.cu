@@ -1152,7 +1152,7 @@ bool gemv16()
 }
 // k tiles a staged chunk of xr rows, for kt tiles: the fewest chunks that keep the staged rows of a
 // CTA within a quarter (fp4) or a third (fp8) of an SM's shared memory, the CTAs an SM that the
-// NT = 2 instance's registers allow (fp4: 126 with 2 weight tiles in flight a warp; H200, session
+// NT = 2 instance's registers allow (fp4: 128 with 2 weight tiles in flight a warp; H200, session
 // 24: the MoE at 512 tokens 3.67 ms, against 4.16 ms at three CTAs an SM and 3.78 ms with 4 tiles
 // in flight at three), as even as whole groups of 4 tiles allow
 int gemv_chunk(int fmt, int kt, int xr)
