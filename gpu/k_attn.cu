@@ -385,13 +385,16 @@ __global__ void g_attn_merge_kernel(const float *__restrict__ part, const float 
 // Accumulator fragment of wgmma m64nN (f32): thread (warp w4 = warp % 4, lane = 4g + c) holds
 // d[4i + 0/1] = (row 16 w4 + g, columns 8i + 2c + 0/1) and d[4i + 2/3] = (row 16 w4 + g + 8, same
 // columns).
-// Pipeline per chunk c (buffer b): cp.async.wait_group 0 + fence.proxy.async + __syncthreads
-// (chunk c landed for every thread, and both WGs are done with chunk c-1, so its buffer b^1 is
-// free) -> issue GEMM 1 -> issue the cp.async gather of chunk c+1 into b^1 while the tensor cores
-// run GEMM 1 -> wait -> scale, mask, row max of the 32 keys -> Xmax, __syncthreads -> m, corr, p,
-// P to shared memory, fence.proxy.async, __syncthreads -> O *= corr -> GEMM 2 -> wait. (Session
-// 11 moved the gather issue there from before the wait for chunk c: one barrier fewer a chunk;
-// prefill 4096 rows 6-7 % faster on the H200, decode unchanged within the noise.)
+// Pipeline per chunk c (buffer b): cp.async.wait_group 1 (chunk c landed; chunk c+1 may still be in
+// flight) + fence.proxy.async + __syncthreads (chunk c landed for every thread) -> GEMM 1 -> wait ->
+// scale, mask, row max of the 32 keys -> Xmax, __syncthreads -> m, corr, p, P to shared memory,
+// fence.proxy.async, __syncthreads -> O *= corr -> GEMM 2 -> wait -> the WG gathers its column half
+// of chunk c+2 into buffer b. Each WG gathers the half of every key that its own GEMM 2 reads, so it
+// can refill that half as soon as its GEMM 2 is done, without a barrier, and two chunks are in
+// flight through the next chunk's compute. (Before session 25 the gather of chunk c+1 was issued
+// after GEMM 1 of chunk c, one chunk in flight: per 64 KB chunk the copy latency was exposed
+// whenever the compute of chunk c was shorter than the gather; H200, decode batch 256 77-78 us
+// against 80-82 us, 61 % of copy against 58-59 %; batch 64 within the noise.)
 // Epilogue: each CTA stores its O, m and l (= Lw[0] + Lw[1]) in its own shared memory; after a
 // cluster barrier, rank z finalises rows z, z + NS, ... reading every rank's values through
 // distributed shared memory in rank order, exactly as g_attn_merge_kernel: M = max m_s,
@@ -637,10 +640,11 @@ g_sparse_attn_wgmma_kernel(const uint16_t *__restrict__ q, const uint16_t *__res
         Vall[j] = gj < L ? row_idx[gj] : -1;
     }
     __syncthreads();   // the list is visible
-    // cp.async gather of chunk c into buffer b (rows of -1 entries zero-filled). Thread tid copies
-    // the 16-byte column chunk cc = tid % 64 of keys j = tid / 64 + 4k: its swizzled position is
-    // (cc % 8) ^ (j % 8) = ((cc % 8) ^ (tid / 64)) ^ (4 if k odd), j % 8 = tid / 64 + 4 (k % 2).
-    const int gcc = tid & 63, gj0 = tid >> 6;
+    // cp.async gather of chunk c into buffer b (rows of -1 entries zero-filled). WG w copies the
+    // column half w (blocks 4w..4w+3), the half only its own GEMM 2 reads: thread tid copies the
+    // 16-byte column chunk cc = 32w + tid % 32 of keys j = (tid % 128) / 32 + 4k; its swizzled
+    // position is (cc % 8) ^ (j % 8) = ((cc % 8) ^ j0) ^ (4 if k odd), j0 = (tid % 128) / 32.
+    const int gcc = 32 * wg + (tid & 31), gj0 = (tid >> 5) & 3;
     const uint32_t gdst = (uint32_t)(gcc >> 3) * 8192u + (uint32_t)gj0 * 128u;
     const uint32_t gsw = (uint32_t)((gcc & 7) ^ gj0);
     auto prefetch = [&](int c, int b) {
@@ -656,7 +660,10 @@ g_sparse_attn_wgmma_kernel(const uint16_t *__restrict__ q, const uint16_t *__res
         }
         g_cp_commit();
     };
+    // two chunks in flight from the start (one cp.async group each, empty past the split's end)
     if (c0 < c1) prefetch(c0, 0);
+    else g_cp_commit();
+    if (c0 + 1 < c1) prefetch(c0 + 1, 1);
     else g_cp_commit();
 
     float oacc[128];
@@ -673,7 +680,7 @@ g_sparse_attn_wgmma_kernel(const uint16_t *__restrict__ q, const uint16_t *__res
         const int b = (c - c0) & 1;
         const int *Vs = Vall + (c - c0) * AT_CK + kw;
         const uint64_t boff = (uint64_t)(b * 65536) >> 4;   /* buffer offset in descriptor units */
-        g_cp_wait<0>();    // this thread's rows of chunk c (gathered during chunk c-1's GEMM 1) and Q landed
+        g_cp_wait<1>();    // this thread's rows of chunk c and Q landed (chunk c+1's group may be in flight)
         aw_fence_proxy_async();
         __syncthreads();   // chunk c landed for every thread; both WGs are done with chunk c-1 (buffer b^1, P, Xmax)
         // GEMM 1: S_w = Q . K_w^T (async)
@@ -688,8 +695,6 @@ g_sparse_attn_wgmma_kernel(const uint16_t *__restrict__ q, const uint16_t *__res
             aw_mma_ss_n32(s, dQ + koff, dK0 + boff + koff, ks > 0);
         }
         aw_wgmma_commit();
-        // gather chunk c+1 into the free buffer b^1 while the tensor cores run GEMM 1
-        if (c + 1 < c1) prefetch(c + 1, b ^ 1);
         aw_wgmma_wait<0>();
         aw_fence_regs(s);
         // scale, mask (-1 entries: -inf, never in the max), row max over the quad (lanes 4g..4g+3)
@@ -751,6 +756,11 @@ g_sparse_attn_wgmma_kernel(const uint16_t *__restrict__ q, const uint16_t *__res
         aw_wgmma_commit();
         aw_wgmma_wait<0>();
         aw_fence_regs(oacc);
+        // this WG's column half of buffer b is free: both GEMM 1s of chunk c finished before the P
+        // barrier, and only this WG's GEMM 2 (done) reads the half. Gather chunk c+2 into it now, so
+        // that two chunks stay in flight while chunk c+1 is computed
+        if (c + 2 < c1) prefetch(c + 2, b);
+        else g_cp_commit();
     }
     g_cp_wait<0>();
     __syncthreads();   // every wgmma and gather is done: Q and K are free for O
