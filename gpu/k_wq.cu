@@ -160,6 +160,14 @@ __device__ __forceinline__ uint32_t wq_mul_fp4(uint32_t e)
 }
 // wq_mul_fp4 of a scale byte e <= 128 in one integer multiply-add ((e + 126) << 7 in both halves)
 __device__ __forceinline__ uint32_t wq_mul_fp4_le128(uint32_t e) { return e * 0x00800080u + 0x3F003F00u; }
+// wq_mul_fp4_le128 of byte i of w: PRMT puts the byte in both 16-bit halves, one IMAD then forms
+// (e + 126) << 7 in each
+template <int I> __device__ __forceinline__ uint32_t wq_mul_fp4_byte(uint32_t w)
+{
+    return __byte_perm(w, 0u, 0x4040u | (I << 8) | I) * 128u + 0x3F003F00u;
+}
+// nonzero where a byte of w exceeds 128 (bit 7 set and a low bit set; no carry crosses a byte)
+__device__ __forceinline__ uint32_t wq_gt128x4(uint32_t w) { return ((w & 0x7F7F7F7Fu) + 0x7F7F7F7Fu) & w & 0x80808080u; }
 __device__ __forceinline__ uint32_t wq_big_fp4(uint32_t e)
 {
     const uint32_t b = e <= 128u ? 0x3F80u : e == 255u ? 0x7FC0u : (e - 1u) << 7;
@@ -255,7 +263,9 @@ __device__ __forceinline__ void wq_store(const wq_args &a, int m0, int r, int n,
 // The activation chunks one thread copies per k tile: 16-byte column chunk ch = tid % 8 of rows
 // tid / 8 + RS*j (RS = threads / 8) of the BM-row m tile; the row pointers (gathered through xrow)
 // are resolved once per m tile. load() issues the k tile's cp.async copies, dst(r) giving the
-// shared address of row r's chunk ch (rows past the m tile, or k past K, zero-filled).
+// shared address of row r's chunk ch (rows past the m tile, or k past K, zero-filled: a copy of 0
+// bytes from the row's own pointer, a.x for rows past the tile, so the source address needs no
+// reload of a.x from the parameter bank).
 template <int BM, int THREADS> struct wq_xsrc {
     static constexpr int RS = THREADS / 8, NXR = (BM * 8 + THREADS - 1) / THREADS;
     const uint16_t *p[NXR];
@@ -274,7 +284,7 @@ template <int BM, int THREADS> struct wq_xsrc {
 #pragma unroll
         for (int j = 0; j < NXR; j++) {
             const int r = xr0 + RS * j;
-            if (r < BM) g_cp_async16(dst(r), ok[j] && kin ? p[j] + kt * 64 : a.x, ok[j] && kin ? 16 : 0);
+            if (r < BM) g_cp_async16(dst(r), kin ? p[j] + kt * 64 : p[j], ok[j] && kin ? 16 : 0);
         }
     }
 };
@@ -444,10 +454,23 @@ __global__ void __launch_bounds__(256, BN <= 64 ? 2 : 1) g_wq_wgmma_kernel(wq_ar
     const uint8_t *Wb = a.w + (size_t)C.grp * a.w_stride + (size_t)blockIdx.x * C.KT * WT;
     const int rA = 64 * wg + 16 * w4 + g, rB = rA + 8;   /* this thread's rows of the CTA's 128 */
     const uint8_t *sA = wq_srow<FMT>(a, C.S, C.n0 + rA), *sB = wq_srow<FMT>(a, C.S, C.n0 + rB);
+    // grouped fp4 calls (the MoE), K a multiple of 128, an even k range: the four scale bytes of a
+    // stage's two k tiles are one aligned 32-bit word of each of the thread's rows, loaded before
+    // the stage's barrier and voted on once a stage (session 25: ncu found the warps of the MoE at
+    // 4096 tokens stalled on the per-tile byte loads, issued right before their use, in 23 % of
+    // their samples; grouped w1||w3 4270-4291 -> 3480-3509 us with the addressing below). The dense
+    // instances (TL = 0) keep the per-tile loads: their 64-row expert w2 measured 5 % slower with
+    // the word
+    const bool s4 = TL > 0 && FMT == V41G_WQ_FP4 && U == 2 && (C.ldsK & 3) == 0 && ((C.kt0 | C.kt1) & 1) == 0 &&
+                    ((uintptr_t)C.S & 3) == 0;
     for (int m0 = C.mbeg, rows; m0 < C.mend; m0 += rows) {
         rows = C.mend - m0 <= BR ? C.mend - m0 : BN;   /* this pass: the main tile and the tail */
         const int mrows = min(BN, rows), trows = rows - mrows;   /* trows > 0 only where TL > 0 */
         const wq_xsrc<BR, THREADS> X(a, tid, m0, rows);
+        // the 128-byte swizzle (chunk ch of row r at chunk ch ^ (r % 8)): a thread's rows are RS apart,
+        // so they share r % 8 and one offset serves them all
+        static_assert(X.RS % 8 == 0, "a thread's activation rows share their swizzle phase");
+        const uint32_t xo = X.xr0 * 128 + ((X.ch ^ (X.xr0 & 7)) << 4);
         // stage st holds U sub-stages (weight tile, then activation tile), k tiles kt, kt + 1, ...
         // (those below the split's end); a band's k tiles are consecutive in global memory
         auto load = [&](int kt, int st) {
@@ -456,15 +479,33 @@ __global__ void __launch_bounds__(256, BN <= 64 ? 2 : 1) g_wq_wgmma_kernel(wq_ar
                 if (kt + j < C.kt1) {
                     const uint32_t sw = sbase + (st * U + j) * STAGE, sx = sw + WT;
                     wq_wload<WT, THREADS>(sw, Wb + (size_t)(kt + j) * WT, tid);
-                    X.load(a, kt + j, [&](int r) { return sx + r * 128 + ((X.ch ^ (r & 7)) << 4); });   /* 128B swizzle */
+                    X.load(a, kt + j, [&](int r) { return sx + xo + (r - X.xr0) * 128; });
                 }
         };
         // the A registers of k tile kt from sub-stage ss: af[s] = a0 (row g, cols 2c..), a1 (row g+8),
         // a2 (row g, cols 2c+8..), a3 of k-step s
-        auto decode = [&](int kt, int ss, uint32_t (&af)[4][4]) {
+        auto decode = [&](int kt, int ss, uint32_t (&af)[4][4], uint32_t swA, uint32_t swB, bool sfix, int h) {
             uint32_t mA[2], mB[2], bA[2], bB[2];
             bool fix = false;
-            if constexpr (FMT == V41G_WQ_FP4) {
+            if (FMT == V41G_WQ_FP4 && s4) {
+                fix = sfix;
+                if (!fix) {
+                    if (h == 0) {
+                        mA[0] = wq_mul_fp4_byte<0>(swA); mA[1] = wq_mul_fp4_byte<1>(swA);
+                        mB[0] = wq_mul_fp4_byte<0>(swB); mB[1] = wq_mul_fp4_byte<1>(swB);
+                    } else {
+                        mA[0] = wq_mul_fp4_byte<2>(swA); mA[1] = wq_mul_fp4_byte<3>(swA);
+                        mB[0] = wq_mul_fp4_byte<2>(swB); mB[1] = wq_mul_fp4_byte<3>(swB);
+                    }
+                } else {
+#pragma unroll
+                    for (int b = 0; b < 2; b++) {
+                        const uint32_t eA = (swA >> (16 * h + 8 * b)) & 0xFFu, eB = (swB >> (16 * h + 8 * b)) & 0xFFu;
+                        mA[b] = wq_mul_fp4(eA); bA[b] = wq_big_fp4(eA);
+                        mB[b] = wq_mul_fp4(eB); bB[b] = wq_big_fp4(eB);
+                    }
+                }
+            } else if constexpr (FMT == V41G_WQ_FP4) {
                 // the scale bytes, and their multipliers by one IMAD each while no byte of the warp's
                 // exceeds 128 (a real checkpoint's scales are far below 2^1), else with the clamp and
                 // the second factors of wq_scales (the MoE at 4096 tokens 0.7 % faster than with
@@ -533,6 +574,11 @@ __global__ void __launch_bounds__(256, BN <= 64 ? 2 : 1) g_wq_wgmma_kernel(wq_ar
         }
         for (int i = 0, kt = C.kt0; kt < C.kt1; i++, kt += U) {
             const int st = i % STAGES;
+            uint32_t swA = 0, swB = 0;
+            if (s4) {
+                swA = __ldg((const unsigned int *)(sA + 2 * kt));
+                swB = __ldg((const unsigned int *)(sB + 2 * kt));
+            }
             g_cp_wait<STAGES - 2>();
             aw_fence_proxy_async();   // this thread's activation rows become visible to wgmma
             __syncthreads();          // stage i landed for all threads; everyone is done with stage i-1
@@ -541,8 +587,9 @@ __global__ void __launch_bounds__(256, BN <= 64 ? 2 : 1) g_wq_wgmma_kernel(wq_ar
                 if (kn < C.kt1) load(kn, (i + STAGES - 1) % STAGES);
                 g_cp_commit();
             }
+            const bool sfix = s4 && __any_sync(0xFFFFFFFFu, (wq_gt128x4(swA) | wq_gt128x4(swB)) != 0u);
             uint32_t af[4][4];
-            decode(kt, st * U, af);
+            decode(kt, st * U, af, swA, swB, sfix, 0);
             aw_fence_regs(acc);
             if constexpr (TL > 0) aw_fence_regs(acct);
             mma(st * U, af);
@@ -550,7 +597,7 @@ __global__ void __launch_bounds__(256, BN <= 64 ? 2 : 1) g_wq_wgmma_kernel(wq_ar
                 // the second tile's dequantization runs while the first tile's wgmmas do (its own
                 // registers: af is read by the wgmmas in flight)
                 uint32_t af2[4][4];
-                decode(kt + 1, st * U + 1, af2);
+                decode(kt + 1, st * U + 1, af2, swA, swB, sfix, 1);
                 mma(st * U + 1, af2);
             }
             aw_wgmma_wait<0>();
