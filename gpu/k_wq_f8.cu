@@ -23,7 +23,7 @@
 // Speed (H200, session 20): slower than the engine's dequantize + cuBLAS path at every M. Each
 // block's partial must be complete before its promotion reads it, so a warpgroup has one MMA in
 // flight at a time, and its latency is exposed (a variant without the promotion was still 0.75x
-// cuBLAS at 4096 rows; see README, results of session 20).
+// cuBLAS at 4096 rows; see gpu/bench/results/HISTORY.md, results of session 20).
 //
 // Layouts.
 //  - Weights: k_wq.cu's tiled codes (128 rows x 64 columns a tile, 8 KB contiguous), columns
