@@ -94,14 +94,20 @@ int v41_profile_load(const char *path, v41_profile *p, v41_err *err)
     const cJSON *ce = cJSON_GetObjectItemCaseSensitive(j, "ceilings");
     const cJSON *bw = ce ? cJSON_GetObjectItemCaseSensitive(ce, "copy_GBps") : NULL;
     const cJSON *fl = ce ? cJSON_GetObjectItemCaseSensitive(ce, "bf16_gemm_TFLOPs") : NULL;
-    if (!cJSON_IsNumber(bw) || !(bw->valuedouble > 0) || !cJSON_IsNumber(fl) || !(fl->valuedouble > 0)) {
-        rc = v41_err_set(err, V41_EINVAL, "profile %s: 'ceilings' needs copy_GBps > 0 and bf16_gemm_TFLOPs > 0", path);
+    if (!cJSON_IsNumber(bw) || !(bw->valuedouble > 0 && bw->valuedouble < 1e12) || !cJSON_IsNumber(fl) ||
+        !(fl->valuedouble > 0 && fl->valuedouble < 1e12)) {
+        rc = v41_err_set(err, V41_EINVAL, "profile %s: 'ceilings' needs copy_GBps and bf16_gemm_TFLOPs in (0, 1e12)",
+                         path);
         goto out;
     }
     p->peak_bw = bw->valuedouble * 1e9;
     p->peak_flops = fl->valuedouble * 1e12;
     const cJSON *ls = cJSON_GetObjectItemCaseSensitive(j, "launch_us");
-    if (cJSON_IsNumber(ls) && ls->valuedouble >= 0) p->launch_s = ls->valuedouble * 1e-6;
+    if (ls && !(cJSON_IsNumber(ls) && ls->valuedouble >= 0 && ls->valuedouble < 1e12)) {
+        rc = v41_err_set(err, V41_EINVAL, "profile %s: 'launch_us' must be a number in [0, 1e12)", path);
+        goto out;
+    }
+    if (ls) p->launch_s = ls->valuedouble * 1e-6;
     const cJSON *ops = cJSON_GetObjectItemCaseSensitive(j, "ops");
     if (!cJSON_IsArray(ops)) {
         rc = v41_err_set(err, V41_EINVAL, "profile %s: 'ops' must be an array", path);
@@ -133,6 +139,11 @@ int v41_profile_load(const char *path, v41_profile *p, v41_err *err)
         double *pt = pts[c * (nops + 1) + cnt[c]];
         pt[0] = log(x);
         pt[1] = log(x / t->valuedouble);
+        if (!isfinite(pt[0]) || !isfinite(pt[1])) {  /* 1e999 parses as inf; 1e-320 bytes underflow */
+            rc = v41_err_set(err, V41_EINVAL, "profile %s: ops[%d]: flops, bytes or median_s out of range "
+                             "(roofline time %g s, measured %g s)", path, i, x, t->valuedouble);
+            goto out;
+        }
         cnt[c]++;
     }
     for (int c = 0; c < V41_OP_NCLASS; c++) {

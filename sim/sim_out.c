@@ -8,6 +8,7 @@
 #include <dirent.h>
 #include <errno.h>
 #include <hdf5.h>
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -567,24 +568,31 @@ out:
 
 /* ------------------------------------------------------------------ acceptance from serve-trace */
 
+/* an accepted-draft count as an index 0..V41_ACC_MAXLEN, -1 for anything else (fractions truncate, as
+ * before; the range test comes before the conversion, which is undefined for huge values) */
+static int acc_index(double v)
+{
+    return v >= 0 && v < V41_ACC_MAXLEN + 1 ? (int)v : -1;
+}
+
 static void collect_acc(const cJSON *j, double *cnt, int *maxk)
 {
     for (const cJSON *x = j ? j->child : NULL; x; x = x->next) {
         if (x->string && !strcmp(x->string, "accepted_hist") && cJSON_IsArray(x)) {
             int k = 0;
             for (const cJSON *e = x->child; e && k <= V41_ACC_MAXLEN; e = e->next, k++)
-                if (cJSON_IsNumber(e) && e->valuedouble > 0) {
+                if (cJSON_IsNumber(e) && e->valuedouble > 0 && e->valuedouble <= 1e300) {   /* finite counts */
                     cnt[k] += e->valuedouble;
                     if (k > *maxk) *maxk = k;
                 }
         } else if (x->string && !strcmp(x->string, "accepted")) {
             if (cJSON_IsNumber(x)) {
-                int k = (int)x->valuedouble;
-                if (k >= 0 && k <= V41_ACC_MAXLEN) { cnt[k]++; if (k > *maxk) *maxk = k; }
+                int k = acc_index(x->valuedouble);
+                if (k >= 0) { cnt[k]++; if (k > *maxk) *maxk = k; }
             } else if (cJSON_IsArray(x)) {
                 for (const cJSON *e = x->child; e; e = e->next) {
-                    int k = cJSON_IsNumber(e) ? (int)e->valuedouble : -1;
-                    if (k >= 0 && k <= V41_ACC_MAXLEN) { cnt[k]++; if (k > *maxk) *maxk = k; }
+                    int k = cJSON_IsNumber(e) ? acc_index(e->valuedouble) : -1;
+                    if (k >= 0) { cnt[k]++; if (k > *maxk) *maxk = k; }
                 }
             }
         } else if (cJSON_IsObject(x) || cJSON_IsArray(x)) {
@@ -603,7 +611,7 @@ int v41_accept_load(const char *path, v41_accept *a, v41_err *err)
     collect_acc(j, cnt, &maxk);
     cJSON_Delete(j);
     for (int k = 0; k <= maxk; k++) tot += cnt[k];
-    if (maxk < 0 || tot <= 0)
+    if (maxk < 0 || !(tot > 0 && isfinite(tot)))
         return v41_err_set(err, V41_EINVAL,
                            "--accept file:%s: no \"accepted\" counts (per verify step) or \"accepted_hist\" found", path);
     a->kind = V41_ACC_EMPIRICAL;

@@ -14,6 +14,13 @@
 #include <sys/stat.h>
 
 enum { FMT_MOONCAKE = 0, FMT_AZURE, FMT_SYNTH };
+
+/* Input bounds, so that every count and time the simulator derives from a record stays a finite
+ * double and an int64 without overflow: request lengths (and synthetic prefixes and block sizes)
+ * up to 10^9 tokens, timestamps up to 10^15 ms (31,000 years), synthetic traces up to 10^9
+ * requests at rates of 10^-9 to 10^9 per second. */
+#define V41_TRACE_MAX_TOKENS 1.0e9
+#define V41_TRACE_MAX_MS 1.0e15
 static const char *fmt_names[] = {"mooncake", "azure", "synthetic"};
 
 typedef struct synth_dist {
@@ -67,12 +74,13 @@ void v41_trace_close(v41_trace *t)
 static int hash_reserve(v41_trace *t, int n)
 {
     if (n <= t->hash_cap) return 0;
-    int c = t->hash_cap ? t->hash_cap : 64;
+    int64_t c = t->hash_cap ? t->hash_cap : 64;
     while (c < n) c *= 2;
+    if (c > INT32_MAX) c = n;
     int64_t *h = realloc(t->hash, (size_t)c * sizeof *h);
     if (!h) return -1;
     t->hash = h;
-    t->hash_cap = c;
+    t->hash_cap = (int)c;
     return 0;
 }
 
@@ -176,7 +184,7 @@ static int parse_stamp(const char *s, double *out)
     char *e;
     errno = 0;
     double sec = strtod(s + n, &e);
-    if (e == s + n || errno || sec < 0 || sec >= 61) return -1;
+    if (e == s + n || errno || !(sec >= 0 && sec < 61)) return -1;   /* NaN fails too */
     while (isspace((unsigned char)*e)) e++;
     if (*e == 'Z') e++;
     else if (!strcmp(e, "+00:00")) e += 6;
@@ -185,7 +193,7 @@ static int parse_stamp(const char *s, double *out)
     return 0;
 }
 
-static int parse_int(const char *s, int64_t lo, int64_t *out)
+static int parse_int(const char *s, int64_t lo, int64_t hi, int64_t *out)
 {
     while (isspace((unsigned char)*s)) s++;
     char *e;
@@ -193,7 +201,7 @@ static int parse_int(const char *s, int64_t lo, int64_t *out)
     long long v = strtoll(s, &e, 10);
     if (e == s || errno) return -1;
     while (isspace((unsigned char)*e)) e++;
-    if (*e || v < lo) return -1;
+    if (*e || v < lo || v > hi) return -1;
     *out = v;
     return 0;
 }
@@ -214,7 +222,7 @@ static const cJSON *get_num(const cJSON *o, const char *k)
     return cJSON_IsNumber(j) ? j : NULL;
 }
 
-static bool is_int(double v, double lo) { return v >= lo && v <= 9.0e15 && v == floor(v); }
+static bool is_int(double v, double lo, double hi) { return v >= lo && v <= hi && v == floor(v); }
 
 static int next_mooncake(v41_trace *t, v41_trace_rec *rec, bool *eof, v41_err *err)
 {
@@ -238,9 +246,12 @@ static int next_mooncake(v41_trace *t, v41_trace_rec *rec, bool *eof, v41_err *e
                     *ol = get_num(j, "output_length");
         const cJSON *hs = cJSON_GetObjectItemCaseSensitive(j, "hash_ids");
         const char *bad = NULL;
-        if (!ts || !(ts->valuedouble >= 0)) bad = "'timestamp' missing or not a number >= 0 (milliseconds)";
-        else if (!il || !is_int(il->valuedouble, 1)) bad = "'input_length' missing or not an integer >= 1";
-        else if (!ol || !is_int(ol->valuedouble, 1)) bad = "'output_length' missing or not an integer >= 1";
+        if (!ts || !(ts->valuedouble >= 0 && ts->valuedouble <= V41_TRACE_MAX_MS))
+            bad = "'timestamp' missing or not a number in [0, 1e15] (milliseconds)";
+        else if (!il || !is_int(il->valuedouble, 1, V41_TRACE_MAX_TOKENS))
+            bad = "'input_length' missing or not an integer in [1, 1e9]";
+        else if (!ol || !is_int(ol->valuedouble, 1, V41_TRACE_MAX_TOKENS))
+            bad = "'output_length' missing or not an integer in [1, 1e9]";
         else if (hs && !cJSON_IsArray(hs)) bad = "'hash_ids' is not an array";
         int nh = hs ? cJSON_GetArraySize(hs) : 0;
         if (!bad && hash_reserve(t, nh)) {
@@ -250,8 +261,8 @@ static int next_mooncake(v41_trace *t, v41_trace_rec *rec, bool *eof, v41_err *e
         if (!bad && hs) {
             int i = 0;
             for (const cJSON *h = hs->child; h; h = h->next, i++) {
-                if (!cJSON_IsNumber(h) || !is_int(h->valuedouble, 0)) {
-                    snprintf(msg, sizeof msg, "'hash_ids'[%d] is not an integer >= 0", i);
+                if (!cJSON_IsNumber(h) || !is_int(h->valuedouble, 0, 9.0e15)) {
+                    snprintf(msg, sizeof msg, "'hash_ids'[%d] is not an integer in [0, 9e15]", i);
                     bad = msg;
                     break;
                 }
@@ -310,8 +321,10 @@ static int next_azure(v41_trace *t, v41_trace_rec *rec, bool *eof, v41_err *err)
         } else if (parse_stamp(cols[t->c_ts], &ts)) {
             snprintf(msg, sizeof msg, "TIMESTAMP '%.40s' is not YYYY-MM-DD HH:MM:SS[.fffffff]", cols[t->c_ts]);
             bad = msg;
-        } else if (parse_int(cols[t->c_in], 1, &in)) bad = "ContextTokens is not an integer >= 1";
-        else if (parse_int(cols[t->c_out], 1, &outl)) bad = "GeneratedTokens is not an integer >= 1";
+        } else if (parse_int(cols[t->c_in], 1, (int64_t)V41_TRACE_MAX_TOKENS, &in))
+            bad = "ContextTokens is not an integer in [1, 1e9]";
+        else if (parse_int(cols[t->c_out], 1, (int64_t)V41_TRACE_MAX_TOKENS, &outl))
+            bad = "GeneratedTokens is not an integer in [1, 1e9]";
         else if (t->have_t0 && ts - t->t0 < t->last_t) bad = "TIMESTAMP earlier than the previous row's (trace must be sorted)";
         if (bad) {
             int rc = bad_row(t, err, bad);
@@ -343,11 +356,11 @@ static int parse_dist(const char *v, synth_dist *d)
     double a = 0, b = 0;
     int n = sscanf(v, "%15[a-z]:%lf:%lf", kind, &a, &b);
     if (n >= 2 && !strcmp(kind, "fixed")) *d = (synth_dist){0, a, 0};
-    else if (n == 3 && !strcmp(kind, "uniform") && b >= a) *d = (synth_dist){1, a, b};
-    else if (n == 3 && !strcmp(kind, "lognormal") && b >= 0) *d = (synth_dist){2, a, b};
+    else if (n == 3 && !strcmp(kind, "uniform") && b >= a && b <= V41_TRACE_MAX_TOKENS) *d = (synth_dist){1, a, b};
+    else if (n == 3 && !strcmp(kind, "lognormal") && b >= 0 && b <= 10) *d = (synth_dist){2, a, b};
     else if (n >= 2 && !strcmp(kind, "exp")) *d = (synth_dist){3, a, 0};
     else return -1;
-    return d->a >= 1 ? 0 : -1;
+    return d->a >= 1 && d->a <= V41_TRACE_MAX_TOKENS ? 0 : -1;   /* NaN fails too */
 }
 
 static int64_t draw(v41_rng *r, const synth_dist *d)
@@ -361,6 +374,8 @@ static int64_t draw(v41_rng *r, const synth_dist *d)
         break;
     default: x = -d->a * log(v41_rng_unif(r)); break;
     }
+    /* the tails of lognormal and exp are clamped to the token bound */
+    if (!(x < V41_TRACE_MAX_TOKENS)) return (int64_t)V41_TRACE_MAX_TOKENS;
     int64_t v = (int64_t)floor(x);
     return v < 1 ? 1 : v;
 }
@@ -390,16 +405,16 @@ int v41_trace_open_synth(const char *spec, v41_trace **out, v41_err *err)
         char *e;
         double x = strtod(v, &e);
         bool num = e != v && !*e;
-        if (!strcmp(k, "n") && num && x >= 1) t->s_n = (int64_t)x;
-        else if (!strcmp(k, "rate") && num && x > 0) t->s_rate = x;
-        else if (!strcmp(k, "cv") && num && x > 0) t->s_cv = x;
+        if (!strcmp(k, "n") && num && is_int(x, 1, 1e9)) t->s_n = (int64_t)x;
+        else if (!strcmp(k, "rate") && num && x >= 1e-9 && x <= 1e9) t->s_rate = x;
+        else if (!strcmp(k, "cv") && num && x >= 1e-6 && x <= 1e6) t->s_cv = x;
         else if (!strcmp(k, "arrival") && (!strcmp(v, "poisson") || !strcmp(v, "gamma"))) t->s_arrival = !strcmp(v, "gamma");
         else if (!strcmp(k, "in") && !parse_dist(v, &t->s_in)) {}
         else if (!strcmp(k, "out") && !parse_dist(v, &t->s_out)) {}
-        else if (!strcmp(k, "groups") && num && x >= 0) t->s_groups = (int64_t)x;
-        else if (!strcmp(k, "prefix") && num && x >= 0) t->s_prefix = (int64_t)x;
-        else if (!strcmp(k, "block") && num && x >= 1) t->s_block = (int64_t)x;
-        else if (!strcmp(k, "seed") && num) seed = (uint64_t)x;
+        else if (!strcmp(k, "groups") && num && is_int(x, 0, 1e9)) t->s_groups = (int64_t)x;
+        else if (!strcmp(k, "prefix") && num && is_int(x, 0, V41_TRACE_MAX_TOKENS)) t->s_prefix = (int64_t)x;
+        else if (!strcmp(k, "block") && num && is_int(x, 1, V41_TRACE_MAX_TOKENS)) t->s_block = (int64_t)x;
+        else if (!strcmp(k, "seed") && num && is_int(x, 0, 9.0e15)) seed = (uint64_t)x;
         else { rc = v41_err_set(err, V41_EINVAL, "--synth: bad or unknown '%s=%s' (see v41 sim --help)", k, v); break; }
     }
     free(dup);
@@ -426,7 +441,12 @@ static int next_synth(v41_trace *t, v41_trace_rec *rec, bool *eof, v41_err *err)
     int64_t pre = g >= 0 ? t->s_prefix : 0;
     int64_t in = pre + draw(&t->rng, &t->s_in);
     int64_t outl = draw(&t->rng, &t->s_out);
-    int nb = (int)((in + t->s_block - 1) / t->s_block);
+    int64_t nb64 = (in + t->s_block - 1) / t->s_block;
+    if (nb64 > (1 << 26))
+        return v41_err_set(err, V41_EINVAL, "synthetic trace: request %lld has %lld tokens, %lld prefix blocks of "
+                           "block=%lld (at most 2^26 blocks a request: raise block)", (long long)t->nrec + 1,
+                           (long long)in, (long long)nb64, (long long)t->s_block);
+    int nb = (int)nb64;
     if (hash_reserve(t, nb)) return v41_err_set(err, V41_ENOMEM, "synthetic trace: out of memory");
     int64_t shared = pre / t->s_block;  /* full blocks of the group prefix */
     int64_t per_group = (t->s_prefix + t->s_block - 1) / t->s_block + 1;

@@ -485,6 +485,80 @@ START_TEST(test_malformed_rows)
 }
 END_TEST
 
+/* Values that parse but cannot be simulated (found by tests/fuzz/fuzz_trace.c and fuzz_simjson.c):
+ * each must be rejected with a message naming the field, not turned into inf/NaN arrival times
+ * or an out-of-range integer conversion. */
+START_TEST(test_out_of_range_inputs)
+{
+    mk_tmp();
+    v41_err err;
+    int64_t sk;
+    char path[512];
+    /* 1e999 ms parses as inf; a length over the 1e9-token bound */
+    snprintf(path, sizeof path, "%s", write_file("inf.jsonl",
+             "{\"timestamp\": 0, \"input_length\": 10, \"output_length\": 5}\n"
+             "{\"timestamp\": 1e999, \"input_length\": 10, \"output_length\": 5}\n"
+             "{\"timestamp\": 2, \"input_length\": 2e9, \"output_length\": 5}\n"
+             "{\"timestamp\": 3, \"input_length\": 10, \"output_length\": 5}\n"));
+    ck_assert_int_eq(count_records(path, "mooncake", false, &sk, &err), -V41_EINVAL);
+    ck_assert_msg(strstr(err.msg, ":2:") && strstr(err.msg, "timestamp"), "message: %s", err.msg);
+    ck_assert_int_eq(count_records(path, "mooncake", true, &sk, &err), 2);
+    ck_assert_int_eq(sk, 2);
+    /* strtod reads "nan" seconds */
+    snprintf(path, sizeof path, "%s", write_file("nan.csv", "TIMESTAMP,ContextTokens,GeneratedTokens\n"
+                                                 "2023-11-16 18:15:46.5,374,44\n"
+                                                 "2023-11-16 18:15:nan,374,44\n"
+                                                 "2023-11-16 18:15:47.5,374,3000000000\n"));
+    ck_assert_int_eq(count_records(path, "azure", false, &sk, &err), -V41_EINVAL);
+    ck_assert_msg(strstr(err.msg, ":3:") && strstr(err.msg, "TIMESTAMP"), "message: %s", err.msg);  /* the header is line 1 */
+    ck_assert_int_eq(count_records(path, "azure", true, &sk, &err), 1);
+    ck_assert_int_eq(sk, 2);
+    /* synthetic spec: counts must be whole numbers in range, rates and CVs finite */
+    const char *bad[] = {"n=1e300", "n=2.5", "seed=-1", "rate=1e999", "cv=1e-200", "groups=1e20",
+                         "prefix=5e9", "block=0", "in=fixed:1e12", "out=lognormal:100:50", "rate=nan"};
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+        v41_trace *t = NULL;
+        err.msg[0] = 0;
+        ck_assert_msg(v41_trace_open_synth(bad[i], &t, &err) == V41_EINVAL && !t, "%s accepted", bad[i]);
+        ck_assert_msg(strstr(err.msg, bad[i]) != NULL, "%s: message %s", bad[i], err.msg);
+    }
+    /* a request needing more than 2^26 prefix blocks */
+    v41_trace *t;
+    ck_assert_int_eq(v41_trace_open_synth("n=2,in=fixed:100000000,block=1", &t, &err), 0);
+    v41_trace_rec r;
+    bool eof;
+    ck_assert_int_eq(v41_trace_next(t, &r, &eof, &err), V41_EINVAL);
+    ck_assert_msg(strstr(err.msg, "raise block") != NULL, "message: %s", err.msg);
+    v41_trace_close(t);
+    /* profile: an infinite ceiling, an infinite median, bytes that underflow the roofline time */
+    static v41_profile prof;
+    const char *pbad[] = {
+        "{\"schema\":\"v41-profile/1\",\"ceilings\":{\"copy_GBps\":1e999,\"bf16_gemm_TFLOPs\":800},\"ops\":[]}",
+        "{\"schema\":\"v41-profile/1\",\"ceilings\":{\"copy_GBps\":4000,\"bf16_gemm_TFLOPs\":800},\"ops\":"
+        "[{\"op\":\"gemm\",\"flops\":1e12,\"bytes\":1e6,\"median_s\":1e999}]}",
+        "{\"schema\":\"v41-profile/1\",\"ceilings\":{\"copy_GBps\":4000,\"bf16_gemm_TFLOPs\":800},\"ops\":"
+        "[{\"op\":\"small\",\"flops\":0,\"bytes\":1e-320,\"median_s\":1e-6}]}",
+        "{\"schema\":\"v41-profile/1\",\"ceilings\":{\"copy_GBps\":4000,\"bf16_gemm_TFLOPs\":800},"
+        "\"launch_us\":\"2\",\"ops\":[]}"};
+    const char *pwant[] = {"ceilings", "ops[0]", "ops[0]", "launch_us"};
+    for (int i = 0; i < 4; i++) {
+        err.msg[0] = 0;
+        ck_assert_int_eq(v41_profile_load(write_file("p.json", pbad[i]), &prof, &err), V41_EINVAL);
+        ck_assert_msg(strstr(err.msg, pwant[i]) != NULL, "profile %d: message %s", i, err.msg);
+    }
+    /* acceptance: counts past the draft-length bound or infinite are not counts */
+    char spec[600];
+    snprintf(spec, sizeof spec, "file:%s", write_file("acc.json", "{\"accepted\": [1e300, -1], \"accepted_hist\": [1e999]}"));
+    v41_accept a;
+    ck_assert_int_eq(v41_accept_parse(spec, &a, &err), V41_EINVAL);
+    snprintf(spec, sizeof spec, "file:%s", write_file("acc.json", "{\"accepted\": [1e300, 2, 2.5, 0]}"));
+    ck_assert_int_eq(v41_accept_parse(spec, &a, &err), 0);
+    ck_assert_int_eq(a.pmf_len, 3);
+    ck_assert_double_eq_tol(a.pmf[2], 2.0 / 3, 1e-15);
+    ck_assert_double_eq_tol(a.pmf[0], 1.0 / 3, 1e-15);
+}
+END_TEST
+
 /* ------------------------------------------------------------------ speculation */
 
 START_TEST(test_acceptance_models)
@@ -744,6 +818,7 @@ static Suite *sim_suite(void)
     TCase *io = tcase_create("io");
     tcase_set_timeout(io, 60);
     tcase_add_test(io, test_malformed_rows);
+    tcase_add_test(io, test_out_of_range_inputs);
     tcase_add_test(io, test_profile_interpolation);
     tcase_add_test(io, test_histogram);
     tcase_add_test(io, test_sweep_merge);
