@@ -1193,7 +1193,15 @@ extern "C" int v41g_bench_main(int argc, char **argv)
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--json") && i + 1 < argc) json = argv[++i];
         else if (!strcmp(argv[i], "--quick")) quick = true;
-        else if (!strcmp(argv[i], "--reps") && i + 1 < argc) reps = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--reps") && i + 1 < argc) {
+            char *end;
+            long v = strtol(argv[++i], &end, 10);
+            if (end == argv[i] || *end || v < 1 || v > 100000) {
+                fprintf(stderr, "v41 bench gpu: --reps '%s': expected a whole number in [1, 100000]\n", argv[i]);
+                return 2;
+            }
+            reps = (int)v;
+        }
         else if (!strcmp(argv[i], "--only") && i + 1 < argc) only = argv[++i];
         else if (!strcmp(argv[i], "--match") && i + 1 < argc) match = argv[++i];
         else if (!strcmp(argv[i], "--flush") && i + 1 < argc) {

@@ -630,8 +630,18 @@ int v41_cmd_oracle_check(int argc, char **argv)
         else if (!strcmp(argv[i], "--verbose") || !strcmp(argv[i], "-v")) verbose = true;
         else if (!strcmp(argv[i], "--strict")) strict = true;
         else if (!strcmp(argv[i], "--compat") && i + 1 < argc) compat_s = argv[++i];
-        else if (!strcmp(argv[i], "--threads") && i + 1 < argc) threads = atoi(argv[++i]);
-        else if (!strcmp(argv[i], "--steps") && i + 1 < argc) max_steps = atoi(argv[++i]);
+        else if ((!strcmp(argv[i], "--threads") || !strcmp(argv[i], "--steps")) && i + 1 < argc) {
+            const bool th = argv[i][2] == 't';
+            long v;
+            if (v41_cli_parse_int(argv[i + 1], th ? 0 : -1, th ? 4096 : 1L << 20, &v)) {
+                fprintf(stderr, "oracle-check: %s '%s': expected a whole number in [%d, %ld]\n", argv[i], argv[i + 1],
+                        th ? 0 : -1, th ? 4096L : 1L << 20);
+                return 2;
+            }
+            if (th) threads = (int)v;
+            else max_steps = (int)v;
+            i++;
+        }
         else if (!strcmp(argv[i], "--engine") && i + 1 < argc) {
             engine = argv[++i];
             if (strcmp(engine, "ref") && strcmp(engine, "gpu")) {

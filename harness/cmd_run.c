@@ -5,6 +5,7 @@
 #include "v41_cli.h"
 #include "v41_cli_common.h"
 #include <cjson/cJSON.h>
+#include <errno.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -25,12 +26,15 @@ static int need(int argc, char **argv, int i, v41_err *err)
     return 0;
 }
 
-static int parse_int(const char *s, long lo, long hi, long *v)
+int v41_cli_parse_int(const char *s, long lo, long hi, long *v)
 {
     char *end;
+    errno = 0;
     *v = strtol(s, &end, 10);
-    return (end != s && !*end && *v >= lo && *v <= hi) ? 0 : -1;
+    return (end != s && !*end && !errno && *v >= lo && *v <= hi) ? 0 : -1;
 }
+
+static int parse_int(const char *s, long lo, long hi, long *v) { return v41_cli_parse_int(s, lo, hi, v); }
 
 int v41_cli_common_arg(v41_cli_common *c, int argc, char **argv, int *ip, v41_err *err)
 {

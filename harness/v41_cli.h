@@ -22,6 +22,10 @@ int v41_cmd_serve_trace(int argc, char **argv);
 int v41_cmd_sim(int argc, char **argv);
 int v41_cmd_taps(int argc, char **argv);
 
+/* A whole decimal number in [lo, hi] with nothing after it: 0, or -1 (bad or out of range). What every
+ * integer option uses, so "--steps abc" or "--threads 1e9" is an error (exit 2), not 0 or a wrap. */
+int v41_cli_parse_int(const char *s, long lo, long hi, long *v);
+
 /* bench sub-targets (v41 bench ref|gpu) */
 int v41_bench_ref(int argc, char **argv);
 int v41_bench_gpu(int argc, char **argv);

@@ -34,6 +34,15 @@ grep -q "bad.txt:1" "$T/out" || fail "bad token message"
 "$V41" run --engine tpu --dump "$T/d.h5" >"$T/out" 2>&1; [ $? = 2 ] || fail "bad engine"
 "$V41" run --inject no-such-fault --dump "$T/d.h5" >"$T/out" 2>&1; [ $? = 2 ] || fail "bad inject"
 "$V41" run --steps 1 >"$T/out" 2>&1; [ $? = 2 ] || fail "missing --dump"
+# integer options take whole numbers in range, never atoi's 0 (they fail before any work)
+"$V41" run --steps abc --dump "$T/d.h5" >"$T/out" 2>&1; [ $? = 2 ] || fail "--steps abc"
+"$V41" oracle-check "$T" "$T/x.h5" --steps 2x >"$T/out" 2>&1; [ $? = 2 ] || fail "oracle-check --steps 2x"
+grep -q "steps '2x'" "$T/out" || fail "oracle-check --steps message"
+"$V41" oracle-check "$T" "$T/x.h5" --threads 99999999999999999999 >"$T/out" 2>&1; [ $? = 2 ] || fail "oracle-check --threads overflow"
+for a in "--tokens abc" "--tokens 1" "--decode -1" "--threads 0" "--experts 5" "--experts 385"; do
+  "$V41" bench ref $a >"$T/out" 2>&1; [ $? = 2 ] || fail "bench ref $a"
+  grep -q "expected a whole number" "$T/out" || fail "bench ref $a: message"
+done
 
 # taps
 "$V41" taps >"$T/out" 2>&1 || fail "taps"
