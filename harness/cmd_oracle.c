@@ -125,25 +125,40 @@ static bool h5_exists(hid_t f, const char *path)
     }
 }
 
-/* Reads a dataset converted to float (is_int=false) or int64. Returns ndims or -1. */
+/* Reads a dataset converted to float (is_int=false) or int64 into *out and its shape into dims[8].
+ * Returns ndims, -1 when absent, -2 when present but unusable: rank over 8, more than 2^32
+ * elements, or a type HDF5 cannot convert to a number (a golden file is input: it may be hostile). */
 static int h5_read(hid_t f, const char *path, bool is_int, void **out, int64_t *dims)
 {
+    *out = NULL;
     if (!h5_exists(f, path)) return -1;
     hid_t d = H5Dopen2(f, path, H5P_DEFAULT);
-    if (d < 0) return -1;
+    if (d < 0) return -2;
     hid_t sp = H5Dget_space(d);
     int nd = H5Sget_simple_extent_ndims(sp);
-    hsize_t hd[8] = {0};
-    H5Sget_simple_extent_dims(sp, hd, NULL);
+    hsize_t hd[H5S_MAX_RANK] = {0};
     int64_t n = 1;
-    for (int i = 0; i < nd; i++) { dims[i] = (int64_t)hd[i]; n *= (int64_t)hd[i]; }
-    void *buf = malloc((is_int ? 8 : 4) * (size_t)(n ? n : 1));
+    bool ok = nd >= 0 && nd <= 8 && H5Sget_simple_extent_dims(sp, hd, NULL) == nd;
+    for (int i = 0; ok && i < nd; i++) {
+        /* each factor and the running product stay <= 2^32: no overflow */
+        if (hd[i] > ((hsize_t)1 << 32) || (n *= (int64_t)hd[i]) > ((int64_t)1 << 32)) ok = false;
+        else dims[i] = (int64_t)hd[i];
+    }
+    void *buf = ok ? malloc((is_int ? 8 : 4) * (size_t)(n ? n : 1)) : NULL;
     herr_t st = buf ? H5Dread(d, is_int ? H5T_NATIVE_INT64 : H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, buf) : -1;
     H5Sclose(sp);
     H5Dclose(d);
-    if (st < 0) { free(buf); return -1; }
+    if (st < 0) { free(buf); return -2; }
     *out = buf;
     return nd;
+}
+
+/* every value a whole number in [lo, hi] (golden index lists and masks before they are converted) */
+static bool ints_in(const float *g, int64_t n, double lo, double hi)
+{
+    for (int64_t i = 0; i < n; i++)
+        if (!(g[i] >= lo && g[i] <= hi && g[i] == floorf(g[i]))) return false;
+    return true;
 }
 
 static bool h5_attr_str(hid_t f, const char *obj, const char *name, char *out, size_t n)
@@ -331,6 +346,18 @@ static float *gread(ctx *C, const char *path, int64_t *n, int64_t *dims, int *nd
     void *buf = NULL;
     int64_t d[8];
     int nd = h5_read(C->f, path, false, &buf, d);
+    if (nd == -2) {   /* present but unusable: a failed comparison that says why */
+        result *r = add_res(C);
+        if (r) {
+            snprintf(r->tensor, sizeof r->tensor, "%s", path);
+            snprintf(r->tap, sizeof r->tap, "(golden)");
+            r->step = C->step;
+            r->layer = -1;
+            r->first_bad = -1;
+            snprintf(r->note, sizeof r->note, "golden dataset unusable: rank over 8, more than 2^32 elements or "
+                     "not numbers");
+        }
+    }
     if (nd < 0) return NULL;
     *n = numel(nd, d);
     if (dims) memcpy(dims, d, sizeof(int64_t) * (size_t)nd);
@@ -345,7 +372,7 @@ static void conv_topk(float *g, int64_t rows, int64_t width, int wl, long long o
     for (int64_t r = 0; r < rows; r++)
         for (int64_t j = 0; j < width; j++) {
             float *v = &g[r * width + j];
-            if (*v < 0) continue;
+            if (!(*v >= 0 && *v < 2147483648.0f)) continue;   /* -1 padding; NaN and huge left as they are */
             int x = (int)*v;
             if (dspark) {
                 if (x >= W) *v = (float)(p + 1 + (x - W));
@@ -376,9 +403,18 @@ static void cmp_leaf(ctx *C, const char *grp, const char *leaf, const char *tapn
     char note[160] = "";
     if (!strcmp(leaf, "attn_kv")) {
         /* prefill: the chunk's rows; decode: ring slots (checked through the cache); DSpark: the block's rows */
-        int64_t Bq = dims[0], N = dims[1], d = dims[2];
         int64_t rows = spec ? C->cfg->dspark_block_size : (decode ? 0 : C->seqlen);
         if (!rows) { free(g); return; }
+        if (nd != 3 || dims[1] < rows) {
+            int n0 = C->nres;
+            compare(C, path, tapname, t, g, -1, discrete, NULL);   /* a failed result (size mismatch) */
+            if (C->nres > n0)
+                snprintf(C->res[n0].note, sizeof C->res[n0].note, "golden attn_kv is not [B, N >= %lld, d]",
+                         (long long)rows);
+            free(g);
+            return;
+        }
+        int64_t Bq = dims[0], N = dims[1], d = dims[2];
         int64_t off = spec ? N - rows : 0;
         float *h = malloc(sizeof(float) * (size_t)(Bq * rows * d));
         for (int64_t b = 0; b < Bq; b++)
@@ -388,7 +424,7 @@ static void cmp_leaf(ctx *C, const char *grp, const char *leaf, const char *tapn
         n = Bq * rows * d;
         snprintf(note, sizeof note, "rows %lld..%lld of attn_kv", (long long)off, (long long)(off + rows - 1));
     } else if (!strcmp(leaf, "attn_topk_idxs") || !strcmp(leaf, "indexer_topk")) {
-        int64_t width = dims[nd - 1], rows = n / width;
+        int64_t width = nd > 0 ? dims[nd - 1] : 0, rows = width > 0 ? n / width : 0;
         long long offset = decode ? W : C->seqlen;
         int wl = decode ? W : (C->seqlen < W ? C->seqlen : W);
         if (!strcmp(leaf, "indexer_topk")) wl = 0;
@@ -526,6 +562,8 @@ static int force_fetch(void *vctx, const char *name, int step, v41_tap_kind kind
             if (g[i] >= 0) g[i] -= (float)offset;
         snprintf(sname, sizeof sname, "layer.%d.indexer.scores", l);
         stap *sc = store_get(&C->S, sname);
+        /* a golden index outside the scored positions is not a tie choice (and would index past them) */
+        if (sc && !ints_in(g, n, -1, (double)sc->shape[1] - 1)) { free(g); return 0; }
         int32_t *own = dst;
         int changed = 0;
         for (int t = 0; t < T && sc; t++) {
@@ -567,7 +605,7 @@ static int force_fetch(void *vctx, const char *name, int step, v41_tap_kind kind
         int nd;
         float *g = gread(C, path, &n, dims, &nd);
         if (!g) return 0;
-        if (n != T * w) { free(g); return 0; }
+        if (n != T * w || !ints_in(g, n, 0, 1)) { free(g); return 0; }
         snprintf(sname, sizeof sname, "layer.%d.candidate.scores", l);
         stap *sc = store_get(&C->S, sname);
         uint8_t *own = dst;
@@ -678,7 +716,10 @@ int v41_cmd_oracle_check(int argc, char **argv)
     int64_t *prompt = NULL;
     int64_t dims[8];
     int nd = h5_read(f, "/prompt_ids", true, (void **)&prompt, dims);
-    if (nd != 2) { fprintf(stderr, "oracle-check: %s: no /prompt_ids [B,S]\n", golden); goto out; }
+    if (nd != 2 || dims[0] < 1 || dims[0] > 4096 || dims[1] < 1 || dims[1] > (1 << 20)) {
+        fprintf(stderr, "oracle-check: %s: no /prompt_ids [B,S] with 1 <= B <= 4096, 1 <= S <= 2^20\n", golden);
+        goto out;
+    }
     C.B = (int)dims[0];
     C.S0 = (int)dims[1];
     for (C.ndec = 0;; C.ndec++) {
@@ -727,12 +768,17 @@ int v41_cmd_oracle_check(int argc, char **argv)
         int64_t *in = NULL;
         snprintf(g, sizeof g, "/step%02d/input_ids", C.step);
         int nd2 = h5_read(f, g, true, (void **)&in, dims);
-        if (nd2 != 2 || dims[0] != C.B) { fprintf(stderr, "oracle-check: %s missing or not [B,S]\n", g); free(in); goto out; }
+        if (nd2 != 2 || dims[0] != C.B || dims[1] < 1 || dims[1] > (1 << 20)) {
+            fprintf(stderr, "oracle-check: %s missing or not [B,S] with B = %d, 1 <= S <= 2^20\n", g, C.B);
+            free(in);
+            goto out;
+        }
         C.seqlen = (int)dims[1];
         C.start_pos = C.step == 0 ? 0 : C.S0 + C.step - 1;
         int32_t *tok = malloc(sizeof(int32_t) * (size_t)(C.B * C.seqlen));
         v41_req *rq = calloc((size_t)C.B, sizeof(v41_req));
-        for (int i = 0; i < C.B * C.seqlen; i++) tok[i] = (int32_t)in[i];
+        /* ids past int32 become -1, which the engine rejects as out of range (no wrap into the vocabulary) */
+        for (int i = 0; i < C.B * C.seqlen; i++) tok[i] = in[i] >= 0 && in[i] <= INT32_MAX ? (int32_t)in[i] : -1;
         for (int b = 0; b < C.B; b++) {
             rq[b].id = b;
             rq[b].start_pos = C.start_pos;
@@ -756,7 +802,7 @@ int v41_cmd_oracle_check(int argc, char **argv)
             /* forward_spec after the step: first draft token = this step's greedy token (as golden) */
             int64_t *first = NULL;
             snprintf(g, sizeof g, "/step%02d/spec/input_ids", C.step);
-            if (h5_read(f, g, true, (void **)&first, dims) == 1) {
+            if (h5_read(f, g, true, (void **)&first, dims) == 1 && dims[0] >= C.B) {
                 int *ids = malloc(sizeof(int) * (size_t)C.B), *ps = malloc(sizeof(int) * (size_t)C.B);
                 int32_t *fi = malloc(sizeof(int32_t) * (size_t)C.B);
                 for (int b = 0; b < C.B; b++) { ids[b] = b; ps[b] = C.start_pos; fi[b] = (int32_t)first[b]; }

@@ -105,12 +105,29 @@ static int attr_dbl(hid_t obj, const char *key, double v)
     return attr_num(obj, key, H5T_NATIVE_DOUBLE, &v);
 }
 
-/* Read a string attribute (fixed or variable length) into buf; -1 when absent. */
+/* Open attribute key of obj when it holds exactly one value (a scalar or a 1-element array); -1
+ * otherwise. Every reader below reads one value into one variable, so an array attribute in a
+ * hostile file would overrun it. */
+static hid_t open_attr1(hid_t obj, const char *key)
+{
+    if (H5Aexists(obj, key) <= 0) return -1;
+    hid_t a = H5Aopen(obj, key, H5P_DEFAULT);
+    if (a < 0) return -1;
+    hid_t sp = H5Aget_space(a);
+    hssize_t n = sp >= 0 ? H5Sget_simple_extent_npoints(sp) : -1;
+    if (sp >= 0) H5Sclose(sp);
+    if (n != 1) {
+        H5Aclose(a);
+        return -1;
+    }
+    return a;
+}
+
+/* Read a string attribute (fixed or variable length) into buf; -1 when absent or not one value. */
 static int read_attr_str(hid_t obj, const char *key, char *buf, size_t cap)
 {
     buf[0] = 0;
-    if (H5Aexists(obj, key) <= 0) return -1;
-    hid_t a = H5Aopen(obj, key, H5P_DEFAULT);
+    hid_t a = open_attr1(obj, key);
     if (a < 0) return -1;
     hid_t ft = H5Aget_type(a);
     int rc = -1;
@@ -153,8 +170,7 @@ static int read_attr_str(hid_t obj, const char *key, char *buf, size_t cap)
 
 static int read_attr_long(hid_t obj, const char *key, long long *v)
 {
-    if (H5Aexists(obj, key) <= 0) return -1;
-    hid_t a = H5Aopen(obj, key, H5P_DEFAULT);
+    hid_t a = open_attr1(obj, key);
     if (a < 0) return -1;
     hid_t ft = H5Aget_type(a);
     int rc = -1;
@@ -162,7 +178,8 @@ static int read_attr_long(hid_t obj, const char *key, long long *v)
     if (c == H5T_INTEGER) rc = H5Aread(a, H5T_NATIVE_LLONG, v) < 0 ? -1 : 0;
     else if (c == H5T_FLOAT) {
         double d;
-        if (H5Aread(a, H5T_NATIVE_DOUBLE, &d) >= 0) { *v = (long long)d; rc = 0; }
+        /* in range of long long (NaN fails): the conversion is undefined otherwise */
+        if (H5Aread(a, H5T_NATIVE_DOUBLE, &d) >= 0 && d > -0x1p63 && d < 0x1p63) { *v = (long long)d; rc = 0; }
     }
     H5Tclose(ft);
     H5Aclose(a);
@@ -171,8 +188,7 @@ static int read_attr_long(hid_t obj, const char *key, long long *v)
 
 static int read_attr_dbl(hid_t obj, const char *key, double *v)
 {
-    if (H5Aexists(obj, key) <= 0) return -1;
-    hid_t a = H5Aopen(obj, key, H5P_DEFAULT);
+    hid_t a = open_attr1(obj, key);
     if (a < 0) return -1;
     int rc = H5Aread(a, H5T_NATIVE_DOUBLE, v) < 0 ? -1 : 0;
     H5Aclose(a);
@@ -555,7 +571,12 @@ static int cmp_entry(const void *a, const void *b)
     return strcmp(x->name, y->name);
 }
 
-typedef struct { v41_dump_reader *r; int step; hid_t grp; int err; } iter_ctx;
+typedef struct { v41_dump_reader *r; int step; hid_t grp; int err; char msg[400]; } iter_ctx;
+
+/* The most elements one tap may hold (2^36: 256 GiB as fp32, far above any activation of a
+ * forward); a larger dataset (possible in a hostile file: chunked storage need not exist) is an
+ * error, not hours of reading fill values. */
+#define V41_DUMP_MAX_NUMEL ((int64_t)1 << 36)
 
 static herr_t visit_tap(hid_t g, const char *name, const H5L_info_t *info, void *vctx)
 {
@@ -580,8 +601,8 @@ static herr_t visit_tap(hid_t g, const char *name, const H5L_info_t *info, void 
     e->step = c->step;
     snprintf(e->name, sizeof e->name, "%s", name);
     long long v;
-    e->order = read_attr_long(ds, "order", &v) == 0 ? (int)v : 1 << 30;
-    e->layer = read_attr_long(ds, "layer", &v) == 0 ? (int)v : -1;
+    e->order = read_attr_long(ds, "order", &v) == 0 && v >= 0 && v < (1 << 30) ? (int)v : 1 << 30;
+    e->layer = read_attr_long(ds, "layer", &v) == 0 && v >= -1 && v < (1 << 30) ? (int)v : -1;
     char kb[32];
     hid_t ft = H5Dget_type(ds);
     H5T_class_t cls = H5Tget_class(ft);
@@ -601,7 +622,16 @@ static herr_t visit_tap(hid_t g, const char *name, const H5L_info_t *info, void 
     H5Sclose(sp);
     e->ndim = nd;
     e->numel = 1;
-    for (int i = 0; i < nd; i++) { e->shape[i] = (int64_t)dims[i]; e->numel *= e->shape[i]; }
+    for (int i = 0; i < nd; i++) {
+        /* dims[i] <= 2^36 and the running product <= 2^36 before each step: no overflow */
+        if (dims[i] > (hsize_t)V41_DUMP_MAX_NUMEL || (e->numel *= (int64_t)dims[i]) > V41_DUMP_MAX_NUMEL) {
+            snprintf(c->msg, sizeof c->msg, "step%04d/%s has more than 2^36 elements", c->step, name);
+            H5Dclose(ds);
+            c->err = 3;
+            return -1;
+        }
+        e->shape[i] = (int64_t)dims[i];
+    }
     e->has_stats = read_attr_dbl(ds, "rms", &e->rms) == 0 && read_attr_dbl(ds, "absmax", &e->absmax) == 0;
     read_attr_str(ds, "dims", e->dims, sizeof e->dims);
     H5Dclose(ds);
@@ -616,7 +646,7 @@ static herr_t visit_root(hid_t root, const char *name, const H5L_info_t *info, v
     if (strncmp(name, "step", 4) != 0) return 0;
     char *end;
     long s = strtol(name + 4, &end, 10);
-    if (*end || end == name + 4 || s < 0) return 0;
+    if (*end || end == name + 4 || s < 0 || s > (1L << 30)) return 0;
     H5O_info_t oi;
     if (H5Oget_info_by_name(root, name, &oi, H5P_DEFAULT) < 0 || oi.type != H5O_TYPE_GROUP) return 0;
     hid_t g = H5Gopen2(root, name, H5P_DEFAULT);
@@ -626,10 +656,14 @@ static herr_t visit_root(hid_t root, const char *name, const H5L_info_t *info, v
     if (!ns) { H5Gclose(g); c->err = 2; return -1; }
     r->steps = ns;
     r->steps[r->n_steps++] = (int)s;
-    iter_ctx sub = {r, (int)s, g, 0};
+    iter_ctx sub = {r, (int)s, g, 0, ""};
     herr_t rc = H5Literate(g, H5_INDEX_NAME, H5_ITER_NATIVE, NULL, visit_tap, &sub);
     H5Gclose(g);
-    if (rc < 0 || sub.err) { c->err = sub.err ? sub.err : 1; return -1; }
+    if (rc < 0 || sub.err) {
+        c->err = sub.err ? sub.err : 1;
+        memcpy(c->msg, sub.msg, sizeof c->msg);
+        return -1;
+    }
     return 0;
 }
 
@@ -682,18 +716,20 @@ int v41_dump_open(const char *path, v41_dump_reader **out, v41_err *err)
     }
     long long ver;
     if (read_attr_long(f, "version", &ver) != 0 || ver != V41_DUMP_VERSION) {
-        if (read_attr_str(f, "version", buf, sizeof buf) != 0) snprintf(buf, sizeof buf, "(missing)");
+        bool is_num = read_attr_long(f, "version", &ver) == 0, have = read_attr_str(f, "version", buf, sizeof buf) == 0;
+        if (!have) snprintf(buf, sizeof buf, "(missing or not one value)");
         v41_dump_reader_close(r);
-        return v41_err_set(err, V41_EINVAL, "%s: dump schema version %s, this tool reads version %d", path, buf,
-                           V41_DUMP_VERSION);
+        return v41_err_set(err, V41_EINVAL, "%s: dump schema version %s%s, this tool reads version %d (an integer)",
+                           path, buf, have && !is_num ? " (not an integer)" : "", V41_DUMP_VERSION);
     }
     hsize_t idx = 0;
     H5Aiterate2(f, H5_INDEX_NAME, H5_ITER_NATIVE, &idx, visit_attr, r);
-    iter_ctx c = {r, -1, f, 0};
+    iter_ctx c = {r, -1, f, 0, ""};
     herr_t rc = H5Literate(f, H5_INDEX_NAME, H5_ITER_NATIVE, NULL, visit_root, &c);
     if (rc < 0 || c.err) {
         v41_dump_reader_close(r);
-        return v41_err_set(err, c.err == 2 ? V41_ENOMEM : V41_EINVAL, "%s: cannot list the step groups", path);
+        return v41_err_set(err, c.err == 2 ? V41_ENOMEM : V41_EINVAL, "%s: %s", path,
+                           c.msg[0] ? c.msg : "cannot list the step groups");
     }
     qsort(r->e, r->n, sizeof *r->e, cmp_entry);
     qsort(r->steps, (size_t)r->n_steps, sizeof(int), cmp_int);
@@ -808,7 +844,14 @@ int v41_dump_read(v41_dump_reader *r, const v41_dump_entry *e, int64_t off, int6
         H5Sclose(ms);
     }
     H5Sclose(fs);
-    if (rc) return v41_err_set(err, V41_EIO, "%s: cannot read step%04d/%s", r->path, e->step, e->name);
+    if (rc) {
+        hid_t ft = H5Dget_type(ds);
+        H5T_class_t c = ft >= 0 ? H5Tget_class(ft) : H5T_NO_CLASS;
+        if (ft >= 0) H5Tclose(ft);
+        bool num = c == H5T_INTEGER || c == H5T_FLOAT || c == H5T_ENUM;
+        return v41_err_set(err, num ? V41_EIO : V41_EINVAL, "%s: cannot read step%04d/%s%s", r->path, e->step,
+                           e->name, num ? "" : " (its HDF5 type is not a number type: a tap holds integers or floats)");
+    }
     return 0;
 }
 

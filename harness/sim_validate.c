@@ -164,6 +164,17 @@ static void predict(const double *coef, const double *X, int ns, double *pred)
     }
 }
 
+/* key of a step item as a whole number in [0, 2^40] (a position); missing, fractional, out of range or
+ * not a number is an error (the conversion of NaN or a huge double to int64 is undefined) */
+static int item_pos(const cJSON *it, const char *key, int64_t *out)
+{
+    const cJSON *v = cJSON_GetObjectItem(it, key);
+    double d = cJSON_IsNumber(v) ? v->valuedouble : -1;
+    if (!(d >= 0 && d <= 0x1p40 && d == floor(d))) return -1;
+    *out = (int64_t)d;
+    return 0;
+}
+
 /* cost every step of a serve-trace JSON (its batch: per request kind, positions,
  * replay floor, trimming) with cm */
 static int load_steps(const char *path, const cJSON *j, v41_cost_model *cm, step_set *S, v41_err *err)
@@ -179,8 +190,8 @@ static int load_steps(const char *path, const cJSON *j, v41_cost_model *cm, step
     for (int s = 0; s < n && !rc; s++) {
         const cJSON *st = cJSON_GetArrayItem(steps, s), *its = cJSON_GetObjectItem(st, "items");
         const cJSON *sec = cJSON_GetObjectItem(st, "seconds");
-        if (!cJSON_IsArray(its) || !cJSON_IsNumber(sec) || !(sec->valuedouble > 0)) {
-            rc = v41_err_set(err, V41_EINVAL, "%s: step %d lacks items or positive seconds", path, s);
+        if (!cJSON_IsArray(its) || !cJSON_IsNumber(sec) || !(sec->valuedouble > 0 && sec->valuedouble < 1e6)) {
+            rc = v41_err_set(err, V41_EINVAL, "%s: step %d lacks items or seconds in (0, 1e6)", path, s);
             break;
         }
         int ni = cJSON_GetArraySize(its);
@@ -197,10 +208,14 @@ static int load_steps(const char *path, const cJSON *j, v41_cost_model *cm, step
             v41_sim_item *x = &items[k];
             memset(x, 0, sizeof *x);
             x->kind = !strcmp(ks, "prefill") ? V41_ITEM_PREFILL : !strcmp(ks, "verify") ? V41_ITEM_VERIFY : V41_ITEM_DECODE;
-            x->start = (int64_t)cJSON_GetNumberValue(cJSON_GetObjectItem(it, "start"));
-            x->end = (int64_t)cJSON_GetNumberValue(cJSON_GetObjectItem(it, "end"));
-            x->floor = (int64_t)cJSON_GetNumberValue(cJSON_GetObjectItem(it, "floor"));
-            x->new_from = (int64_t)cJSON_GetNumberValue(cJSON_GetObjectItem(it, "new_from"));
+            const char *bad = item_pos(it, "start", &x->start) ? "start" : item_pos(it, "end", &x->end) ? "end"
+                              : item_pos(it, "floor", &x->floor) ? "floor"
+                              : item_pos(it, "new_from", &x->new_from) ? "new_from" : NULL;
+            if (bad) {
+                rc = v41_err_set(err, V41_EINVAL, "%s: step %d item %d: '%s' missing or not a whole number in [0, 2^40]",
+                                 path, s, k, bad);
+                break;
+            }
             x->trim = cJSON_IsTrue(cJSON_GetObjectItem(it, "trim"));
             x->logits = true;
             if (!(x->end > x->start) || x->start < 0) {

@@ -94,6 +94,23 @@ for bad in "$tmp/none.json" "$tmp/bad.jsonl"; do
     || { echo "error does not name the file:"; cat "$tmp/err" "$tmp/err2"; exit 1; }
 done
 echo "sim --validate --fit-from: bad calibration files rejected"
+# a serve-trace step item whose position is missing, fractional or huge is an error naming step, item
+# and key (a missing key used to reach an undefined NaN -> int64 conversion)
+for mut in 'del it["floor"]' 'it["end"] = 3.5' 'it["start"] = 1e300' 's["seconds"] = 1e999'; do
+  "$PY" - "$tmp/spec.json" "$tmp/mut.json" "$mut" <<'PYEOF'
+import json, sys
+j = json.load(open(sys.argv[1])); s = j["steps"][1]; it = s["items"][0]
+exec(sys.argv[3])
+open(sys.argv[2], "w").write(json.dumps(j).replace("Infinity", "1e999"))
+PYEOF
+  set +e
+  "$V41" sim --validate "$tmp/mut.json" --fit 2>"$tmp/err" >/dev/null
+  rc=$?
+  set -e
+  [ $rc -eq 2 ] && grep -q "mut.json: step 1 " "$tmp/err" \
+    || { echo "serve-trace with $mut: exit $rc, want 2 and the step named:"; cat "$tmp/err"; exit 1; }
+done
+echo "sim --validate: malformed step items rejected"
 printf '{"timestamp": 0, "input_length": 10, "output_length": 2, "hash_ids": [1]}\n{"timestamp": 1, "input_length": "x"}\n' > "$tmp/bad.jsonl"
 set +e
 "$V41" serve-trace --trace "$tmp/bad.jsonl" --limit 2 2>"$tmp/err"
