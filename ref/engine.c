@@ -297,17 +297,30 @@ static int tap_emit(ref_engine *E, const char *name, int layer, v41_tap_kind kin
 }
 
 /* layer tap: name built only when a sink is attached */
+/* Taps and forcing points stop the function on a sink or source error (a dump that cannot be
+ * written, a forcing dump of the wrong shape) by `rc = ...; goto done`: every function that uses
+ * them has an int rc and a done: label that frees its buffers and returns rc. (They used to
+ * return directly, which leaked the forward's buffers: found by tests/test_hostile_h5.sh under
+ * ASan, session 26.) */
+#define TAP_CK(x)                 \
+    do {                          \
+        int rc_ = (x);            \
+        if (rc_) {                \
+            rc = rc_;             \
+            goto done;            \
+        }                         \
+    } while (0)
 #define LTAP(E, l, sub, kind, data, ndim, d0, d1, d2, d3)                                      \
     do {                                                                                       \
         if ((E)->e.sink) {                                                                     \
             char nm_[128];                                                                     \
             lname((E), nm_, sizeof nm_, (l), (sub));                                           \
-            CK(tap_emit((E), nm_, (l), (kind), (data), (ndim), (d0), (d1), (d2), (d3), err));   \
+            TAP_CK(tap_emit((E), nm_, (l), (kind), (data), (ndim), (d0), (d1), (d2), (d3), err)); \
         }                                                                                      \
     } while (0)
 #define GTAP(E, name, kind, data, ndim, d0, d1, d2, d3)                                        \
     do {                                                                                       \
-        if ((E)->e.sink) CK(tap_emit((E), (name), -1, (kind), (data), (ndim), (d0), (d1), (d2), (d3), err)); \
+        if ((E)->e.sink) TAP_CK(tap_emit((E), (name), -1, (kind), (data), (ndim), (d0), (d1), (d2), (d3), err)); \
     } while (0)
 
 /* Forcing point: asks e->force for the tensor; dst holds the engine's own value on
@@ -332,7 +345,7 @@ static int force_pt(ref_engine *E, const char *name, v41_tap_kind kind, void *ds
         if ((E)->e.force) {                                                                    \
             char nm_[128];                                                                     \
             lname((E), nm_, sizeof nm_, (l), (sub));                                           \
-            if (force_pt((E), nm_, (kind), (dst), (ndim), (d0), (d1), (d2), err) < 0) return err->code; \
+            if (force_pt((E), nm_, (kind), (dst), (ndim), (d0), (d1), (d2), err) < 0) TAP_CK(err->code); \
         }                                                                                      \
     } while (0)
 
@@ -899,11 +912,13 @@ static int attn_finish(ref_engine *E, int l, int T, const int32_t *lists, int LW
                        v41_err *err)
 {
     const int H = E->cfg->n_heads, d = E->cfg->head_dim;
+    int rc = V41_OK;
     LTAP(E, l, "attn.topk", V41_TAP_I32, lists, 2, T, LW, 0, 0);
     LTAP(E, l, "attn.core", V41_TAP_BF16, o, 3, T, H, d, 0);
-    CK(attn_out_proj(E, l, o, T, pos, y, err));
+    TAP_CK(attn_out_proj(E, l, o, T, pos, y, err));
     LTAP(E, l, "attn.out", V41_TAP_BF16, y, 2, T, E->cfg->dim, 0, 0);
-    return V41_OK;
+done:
+    return rc;
 }
 
 static int attention(ref_engine *E, fwd *F, int l, const float *x, float *y, v41_err *err)
@@ -1329,9 +1344,12 @@ static int stage_block(ref_engine *E, fwd *F, int l, float *X, float *premix, v4
 {
     /* the stages' inputs are forcing points of their own (the backbone's are set in the layer loop) */
     const int T = F->T, hc = E->cfg->hc_mult, D = E->cfg->dim;
+    int rc = V41_OK;
     LFORCE(E, l, "stream.in", V41_TAP_BF16, X, 3, T, hc, D);
     LFORCE(E, l, "premix.in", V41_TAP_F32, premix, 2, T, hc, 0);
-    return block(E, F, l, X, premix, true, err);
+    rc = block(E, F, l, X, premix, true, err);
+done:
+    return rc;
 }
 
 static int embed_rows(ref_engine *E, const int32_t *ids, int T, float *out, v41_err *err)
