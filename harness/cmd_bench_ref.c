@@ -274,17 +274,6 @@ static void usage(FILE *f)
                "keeps the plain allocator.\n");
 }
 
-static int int_arg(const char *opt, const char *s, long lo, long hi, int *out)
-{
-    long v;
-    if (v41_cli_parse_int(s, lo, hi, &v)) {
-        fprintf(stderr, "bench ref: %s '%s': expected a whole number in [%ld, %ld]\n", opt, s, lo, hi);
-        return -1;
-    }
-    *out = (int)v;
-    return 0;
-}
-
 int v41_bench_ref(int argc, char **argv)
 {
     int T = 1024, ND = 64, threads = 2, n_exp = 384;
@@ -296,10 +285,10 @@ int v41_bench_ref(int argc, char **argv)
         else if (!strcmp(argv[i], "--no-hugepages")) hugepages = false;
         /* bounds: a prefill of at least 2 rows, at most 2^20 rows of prefill or decode; the
          * layer activates 6 of at most 384 experts */
-        else if (!strcmp(argv[i], "--tokens") && i + 1 < argc) { if (int_arg(argv[i], argv[i + 1], 2, 1L << 20, &T)) return 2; i++; }
-        else if (!strcmp(argv[i], "--decode") && i + 1 < argc) { if (int_arg(argv[i], argv[i + 1], 0, 1L << 20, &ND)) return 2; i++; }
-        else if (!strcmp(argv[i], "--threads") && i + 1 < argc) { if (int_arg(argv[i], argv[i + 1], 1, 4096, &threads)) return 2; i++; }
-        else if (!strcmp(argv[i], "--experts") && i + 1 < argc) { if (int_arg(argv[i], argv[i + 1], 6, 384, &n_exp)) return 2; i++; }
+        else if (!strcmp(argv[i], "--tokens") && i + 1 < argc) { if (v41_cli_int_opt("bench ref", argv[i], argv[i + 1], 2, 1L << 20, &T)) return 2; i++; }
+        else if (!strcmp(argv[i], "--decode") && i + 1 < argc) { if (v41_cli_int_opt("bench ref", argv[i], argv[i + 1], 0, 1L << 20, &ND)) return 2; i++; }
+        else if (!strcmp(argv[i], "--threads") && i + 1 < argc) { if (v41_cli_int_opt("bench ref", argv[i], argv[i + 1], 1, 4096, &threads)) return 2; i++; }
+        else if (!strcmp(argv[i], "--experts") && i + 1 < argc) { if (v41_cli_int_opt("bench ref", argv[i], argv[i + 1], 6, 384, &n_exp)) return 2; i++; }
         else { fprintf(stderr, "bench ref: unknown argument %s\n", argv[i]); usage(stderr); return 2; }
     }
     if (hugepages) reexec_hugetlb();

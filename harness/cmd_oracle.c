@@ -25,6 +25,7 @@
 #include "v41_engine.h"
 #include "v41_tap.h"
 #include "v41_dump.h"
+#include "v41_h5_internal.h"
 #include <cjson/cJSON.h>
 #include <hdf5.h>
 #include <math.h>
@@ -161,35 +162,6 @@ static bool ints_in(const float *g, int64_t n, double lo, double hi)
     return true;
 }
 
-static bool h5_attr_str(hid_t f, const char *obj, const char *name, char *out, size_t n)
-{
-    if (H5Aexists_by_name(f, obj, name, H5P_DEFAULT) <= 0) return false;
-    hid_t a = H5Aopen_by_name(f, obj, name, H5P_DEFAULT, H5P_DEFAULT);
-    if (a < 0) return false;
-    hid_t t = H5Aget_type(a);
-    bool ok = false;
-    if (H5Tget_class(t) == H5T_STRING) {
-        if (H5Tis_variable_str(t) > 0) {
-            char *s = NULL;
-            hid_t mt = H5Tcopy(H5T_C_S1);
-            H5Tset_size(mt, H5T_VARIABLE);
-            if (H5Aread(a, mt, &s) >= 0 && s) { snprintf(out, n, "%s", s); ok = true; H5free_memory(s); }
-            H5Tclose(mt);
-        } else {
-            size_t sz = H5Tget_size(t);
-            char *s = calloc(sz + 1, 1);
-            hid_t mt = H5Tcopy(H5T_C_S1);
-            H5Tset_size(mt, sz + 1);
-            if (s && H5Aread(a, mt, s) >= 0) { snprintf(out, n, "%s", s); ok = true; }
-            H5Tclose(mt);
-            free(s);
-        }
-    }
-    H5Tclose(t);
-    H5Aclose(a);
-    return ok;
-}
-
 /* ------------------------------------------------------------------ comparison */
 
 typedef struct result {
@@ -232,6 +204,19 @@ static result *add_res(ctx *C)
     result *r = &C->res[C->nres++];
     memset(r, 0, sizeof *r);
     return r;
+}
+
+/* a failed comparison that is not a numeric one: the golden tensor at gpath cannot be compared */
+static void fail_result(ctx *C, const char *gpath, const char *tap, int layer, const char *why)
+{
+    result *r = add_res(C);
+    if (!r) return;
+    snprintf(r->tensor, sizeof r->tensor, "%s", gpath);
+    snprintf(r->tap, sizeof r->tap, "%s", tap);
+    r->step = C->step;
+    r->layer = layer;
+    r->first_bad = -1;
+    snprintf(r->note, sizeof r->note, "%s", why);
 }
 
 /* K of the tolerance rule, in bf16 half-ulps (2^-8) of max|golden| of the tensor.
@@ -346,18 +331,8 @@ static float *gread(ctx *C, const char *path, int64_t *n, int64_t *dims, int *nd
     void *buf = NULL;
     int64_t d[8];
     int nd = h5_read(C->f, path, false, &buf, d);
-    if (nd == -2) {   /* present but unusable: a failed comparison that says why */
-        result *r = add_res(C);
-        if (r) {
-            snprintf(r->tensor, sizeof r->tensor, "%s", path);
-            snprintf(r->tap, sizeof r->tap, "(golden)");
-            r->step = C->step;
-            r->layer = -1;
-            r->first_bad = -1;
-            snprintf(r->note, sizeof r->note, "golden dataset unusable: rank over 8, more than 2^32 elements or "
-                     "not numbers");
-        }
-    }
+    if (nd == -2)   /* present but unusable: a failed comparison that says why */
+        fail_result(C, path, "(golden)", -1, "golden dataset unusable: rank over 8, more than 2^32 elements or not numbers");
     if (nd < 0) return NULL;
     *n = numel(nd, d);
     if (dims) memcpy(dims, d, sizeof(int64_t) * (size_t)nd);
@@ -406,11 +381,9 @@ static void cmp_leaf(ctx *C, const char *grp, const char *leaf, const char *tapn
         int64_t rows = spec ? C->cfg->dspark_block_size : (decode ? 0 : C->seqlen);
         if (!rows) { free(g); return; }
         if (nd != 3 || dims[1] < rows) {
-            int n0 = C->nres;
-            compare(C, path, tapname, t, g, -1, discrete, NULL);   /* a failed result (size mismatch) */
-            if (C->nres > n0)
-                snprintf(C->res[n0].note, sizeof C->res[n0].note, "golden attn_kv is not [B, N >= %lld, d]",
-                         (long long)rows);
+            char why[96];
+            snprintf(why, sizeof why, "golden attn_kv is not [B, N >= %lld, d]", (long long)rows);
+            fail_result(C, path, tapname, t ? t->layer : -1, why);
             free(g);
             return;
         }
@@ -668,16 +641,11 @@ int v41_cmd_oracle_check(int argc, char **argv)
         else if (!strcmp(argv[i], "--verbose") || !strcmp(argv[i], "-v")) verbose = true;
         else if (!strcmp(argv[i], "--strict")) strict = true;
         else if (!strcmp(argv[i], "--compat") && i + 1 < argc) compat_s = argv[++i];
-        else if ((!strcmp(argv[i], "--threads") || !strcmp(argv[i], "--steps")) && i + 1 < argc) {
-            const bool th = argv[i][2] == 't';
-            long v;
-            if (v41_cli_parse_int(argv[i + 1], th ? 0 : -1, th ? 4096 : 1L << 20, &v)) {
-                fprintf(stderr, "oracle-check: %s '%s': expected a whole number in [%d, %ld]\n", argv[i], argv[i + 1],
-                        th ? 0 : -1, th ? 4096L : 1L << 20);
-                return 2;
-            }
-            if (th) threads = (int)v;
-            else max_steps = (int)v;
+        else if (!strcmp(argv[i], "--threads") && i + 1 < argc) {
+            if (v41_cli_int_opt("oracle-check", argv[i], argv[i + 1], 0, 4096, &threads)) return 2;
+            i++;
+        } else if (!strcmp(argv[i], "--steps") && i + 1 < argc) {
+            if (v41_cli_int_opt("oracle-check", argv[i], argv[i + 1], -1, 1L << 20, &max_steps)) return 2;
             i++;
         }
         else if (!strcmp(argv[i], "--engine") && i + 1 < argc) {
@@ -703,7 +671,7 @@ int v41_cmd_oracle_check(int argc, char **argv)
     hid_t f = H5Fopen(golden, H5F_ACC_RDONLY, H5P_DEFAULT);
     if (f < 0) { fprintf(stderr, "oracle-check: cannot open %s as HDF5\n", golden); v41_model_free(m); return 2; }
     char sem[64] = "";
-    bool file_fixed = h5_attr_str(f, "/", "index_k_semantics", sem, sizeof sem) && !strcmp(sem, "fixed");
+    bool file_fixed = v41_h5_attr_str(f, "index_k_semantics", sem, sizeof sem) == 0 && !strcmp(sem, "fixed");
     v41_compat compat = compat_s ? (!strcmp(compat_s, "official") ? V41_COMPAT_OFFICIAL : V41_COMPAT_FIXED)
                                  : (file_fixed ? V41_COMPAT_FIXED : V41_COMPAT_OFFICIAL);
     ctx C;

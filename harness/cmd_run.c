@@ -34,7 +34,16 @@ int v41_cli_parse_int(const char *s, long lo, long hi, long *v)
     return (end != s && !*end && !errno && *v >= lo && *v <= hi) ? 0 : -1;
 }
 
-static int parse_int(const char *s, long lo, long hi, long *v) { return v41_cli_parse_int(s, lo, hi, v); }
+int v41_cli_int_opt(const char *cmd, const char *opt, const char *s, long lo, long hi, int *out)
+{
+    long v;
+    if (v41_cli_parse_int(s, lo, hi, &v)) {
+        fprintf(stderr, "%s: %s '%s': expected a whole number in [%ld, %ld]\n", cmd, opt, s, lo, hi);
+        return -1;
+    }
+    *out = (int)v;
+    return 0;
+}
 
 int v41_cli_common_arg(v41_cli_common *c, int argc, char **argv, int *ip, v41_err *err)
 {
@@ -58,11 +67,11 @@ int v41_cli_common_arg(v41_cli_common *c, int argc, char **argv, int *ip, v41_er
         if (*end || end == argv[i]) { v41_err_set(err, V41_EINVAL, "bad --seed '%s'", argv[i]); return -1; }
     } else if (!strcmp(a, "--steps")) {
         if (need(argc, argv, i, err)) return -1;
-        if (parse_int(argv[++i], 0, 1 << 20, &v)) { v41_err_set(err, V41_EINVAL, "bad --steps '%s'", argv[i]); return -1; }
+        if (v41_cli_parse_int(argv[++i], 0, 1 << 20, &v)) { v41_err_set(err, V41_EINVAL, "bad --steps '%s'", argv[i]); return -1; }
         c->steps = (int)v;
     } else if (!strcmp(a, "--threads")) {
         if (need(argc, argv, i, err)) return -1;
-        if (parse_int(argv[++i], 0, 4096, &v)) { v41_err_set(err, V41_EINVAL, "bad --threads '%s'", argv[i]); return -1; }
+        if (v41_cli_parse_int(argv[++i], 0, 4096, &v)) { v41_err_set(err, V41_EINVAL, "bad --threads '%s'", argv[i]); return -1; }
         c->threads = (int)v;
     } else if (!strcmp(a, "--compat")) {
         if (need(argc, argv, i, err)) return -1;
@@ -79,7 +88,7 @@ int v41_cli_common_arg(v41_cli_common *c, int argc, char **argv, int *ip, v41_er
         c->no_replay = true;
     } else if (!strcmp(a, "--dspark-align")) {
         if (need(argc, argv, i, err)) return -1;
-        if (parse_int(argv[++i], 0, 4096, &v)) { v41_err_set(err, V41_EINVAL, "bad --dspark-align '%s'", argv[i]); return -1; }
+        if (v41_cli_parse_int(argv[++i], 0, 4096, &v)) { v41_err_set(err, V41_EINVAL, "bad --dspark-align '%s'", argv[i]); return -1; }
         c->dspark_align = (int)v;
     } else if (!strcmp(a, "--taps")) {
         if (need(argc, argv, i, err)) return -1;

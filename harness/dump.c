@@ -7,6 +7,7 @@
  * side ever holds a whole dump. */
 #include "config.h"
 #include "v41_dump.h"
+#include "v41_h5_internal.h"
 #include <hdf5.h>
 #include <math.h>
 #include <stdio.h>
@@ -123,8 +124,8 @@ static hid_t open_attr1(hid_t obj, const char *key)
     return a;
 }
 
-/* Read a string attribute (fixed or variable length) into buf; -1 when absent or not one value. */
-static int read_attr_str(hid_t obj, const char *key, char *buf, size_t cap)
+/* (v41_h5_internal.h) */
+int v41_h5_attr_str(hid_t obj, const char *key, char *buf, size_t cap)
 {
     buf[0] = 0;
     hid_t a = open_attr1(obj, key);
@@ -608,7 +609,7 @@ static herr_t visit_tap(hid_t g, const char *name, const H5L_info_t *info, void 
     H5T_class_t cls = H5Tget_class(ft);
     size_t tsz = H5Tget_size(ft);
     H5Tclose(ft);
-    if (read_attr_str(ds, "kind", kb, sizeof kb) == 0 && v41_dump_kind_parse(kb, &e->kind) == 0) {
+    if (v41_h5_attr_str(ds, "kind", kb, sizeof kb) == 0 && v41_dump_kind_parse(kb, &e->kind) == 0) {
     } else if (cls == H5T_FLOAT) e->kind = V41_TAP_F32;
     else if (cls == H5T_INTEGER && tsz == 1) e->kind = V41_TAP_U8;
     else e->kind = V41_TAP_I32;
@@ -633,7 +634,7 @@ static herr_t visit_tap(hid_t g, const char *name, const H5L_info_t *info, void 
         e->shape[i] = (int64_t)dims[i];
     }
     e->has_stats = read_attr_dbl(ds, "rms", &e->rms) == 0 && read_attr_dbl(ds, "absmax", &e->absmax) == 0;
-    read_attr_str(ds, "dims", e->dims, sizeof e->dims);
+    v41_h5_attr_str(ds, "dims", e->dims, sizeof e->dims);
     H5Dclose(ds);
     r->n++;
     return 0;
@@ -673,7 +674,7 @@ static herr_t visit_attr(hid_t loc, const char *name, const H5A_info_t *ai, void
     v41_dump_reader *r = vctx;
     char *buf = malloc(1 << 20);
     if (!buf) return -1;
-    if (read_attr_str(loc, name, buf, 1 << 20) == 0) {
+    if (v41_h5_attr_str(loc, name, buf, 1 << 20) == 0) {
         kv_attr *na = realloc(r->attrs, sizeof *na * (r->n_attrs + 1));
         if (!na) { free(buf); return -1; }
         r->attrs = na;
@@ -709,14 +710,15 @@ int v41_dump_open(const char *path, v41_dump_reader **out, v41_err *err)
     r->ds = -1;
     snprintf(r->path, sizeof r->path, "%s", path);
     char buf[64];
-    if (read_attr_str(f, "schema", buf, sizeof buf) != 0 || strcmp(buf, V41_DUMP_SCHEMA) != 0) {
+    if (v41_h5_attr_str(f, "schema", buf, sizeof buf) != 0 || strcmp(buf, V41_DUMP_SCHEMA) != 0) {
         v41_dump_reader_close(r);
         return v41_err_set(err, V41_EINVAL, "%s: not a v41 dump (root attribute schema is not \"%s\")",
                            path, V41_DUMP_SCHEMA);
     }
     long long ver;
-    if (read_attr_long(f, "version", &ver) != 0 || ver != V41_DUMP_VERSION) {
-        bool is_num = read_attr_long(f, "version", &ver) == 0, have = read_attr_str(f, "version", buf, sizeof buf) == 0;
+    const bool is_num = read_attr_long(f, "version", &ver) == 0;
+    if (!is_num || ver != V41_DUMP_VERSION) {
+        const bool have = v41_h5_attr_str(f, "version", buf, sizeof buf) == 0;
         if (!have) snprintf(buf, sizeof buf, "(missing or not one value)");
         v41_dump_reader_close(r);
         return v41_err_set(err, V41_EINVAL, "%s: dump schema version %s%s, this tool reads version %d (an integer)",

@@ -25,6 +25,9 @@ int v41_cmd_taps(int argc, char **argv);
 /* A whole decimal number in [lo, hi] with nothing after it: 0, or -1 (bad or out of range). What every
  * integer option uses, so "--steps abc" or "--threads 1e9" is an error (exit 2), not 0 or a wrap. */
 int v41_cli_parse_int(const char *s, long lo, long hi, long *v);
+/* The same for an int option: on a bad value prints "CMD: OPT 'S': expected a whole number in [LO, HI]"
+ * to stderr and returns -1 (the caller exits 2). hi must fit an int. */
+int v41_cli_int_opt(const char *cmd, const char *opt, const char *s, long lo, long hi, int *out);
 
 /* bench sub-targets (v41 bench ref|gpu) */
 int v41_bench_ref(int argc, char **argv);

@@ -296,7 +296,6 @@ static int tap_emit(ref_engine *E, const char *name, int layer, v41_tap_kind kin
     return V41_OK;
 }
 
-/* layer tap: name built only when a sink is attached */
 /* Taps and forcing points stop the function on a sink or source error (a dump that cannot be
  * written, a forcing dump of the wrong shape) by `rc = ...; goto done`: every function that uses
  * them has an int rc and a done: label that frees its buffers and returns rc. (They used to
@@ -310,6 +309,7 @@ static int tap_emit(ref_engine *E, const char *name, int layer, v41_tap_kind kin
             goto done;            \
         }                         \
     } while (0)
+/* layer tap: name built only when a sink is attached */
 #define LTAP(E, l, sub, kind, data, ndim, d0, d1, d2, d3)                                      \
     do {                                                                                       \
         if ((E)->e.sink) {                                                                     \
