@@ -179,8 +179,12 @@ static int read_attr_long(hid_t obj, const char *key, long long *v)
     if (c == H5T_INTEGER) rc = H5Aread(a, H5T_NATIVE_LLONG, v) < 0 ? -1 : 0;
     else if (c == H5T_FLOAT) {
         double d;
-        /* in range of long long (NaN fails): the conversion is undefined otherwise */
-        if (H5Aread(a, H5T_NATIVE_DOUBLE, &d) >= 0 && d > -0x1p63 && d < 0x1p63) { *v = (long long)d; rc = 0; }
+        /* a whole number in range of long long (NaN fails): the conversion is undefined outside
+         * it, and 1.5 is no integer */
+        if (H5Aread(a, H5T_NATIVE_DOUBLE, &d) >= 0 && d > -0x1p63 && d < 0x1p63 && d == (double)(long long)d) {
+            *v = (long long)d;
+            rc = 0;
+        }
     }
     H5Tclose(ft);
     H5Aclose(a);
@@ -601,20 +605,44 @@ static herr_t visit_tap(hid_t g, const char *name, const H5L_info_t *info, void 
     memset(e, 0, sizeof *e);
     e->step = c->step;
     snprintf(e->name, sizeof e->name, "%s", name);
+    /* the attributes that decide what diff and bisect report (op order, layer, kind, exact or
+     * toleranced comparison): absent is allowed (a dump written by another tool), present but
+     * not one value in range is an error naming it, never a silent fallback that would reorder
+     * the taps or change how they compare */
     long long v;
-    e->order = read_attr_long(ds, "order", &v) == 0 && v >= 0 && v < (1 << 30) ? (int)v : 1 << 30;
-    e->layer = read_attr_long(ds, "layer", &v) == 0 && v >= -1 && v < (1 << 30) ? (int)v : -1;
+    const char *bad = NULL;
     char kb[32];
     hid_t ft = H5Dget_type(ds);
     H5T_class_t cls = H5Tget_class(ft);
     size_t tsz = H5Tget_size(ft);
     H5Tclose(ft);
-    if (v41_h5_attr_str(ds, "kind", kb, sizeof kb) == 0 && v41_dump_kind_parse(kb, &e->kind) == 0) {
-    } else if (cls == H5T_FLOAT) e->kind = V41_TAP_F32;
+    e->order = 1 << 30;
+    e->layer = -1;
+    if (cls == H5T_FLOAT) e->kind = V41_TAP_F32;
     else if (cls == H5T_INTEGER && tsz == 1) e->kind = V41_TAP_U8;
     else e->kind = V41_TAP_I32;
+    if (H5Aexists(ds, "order") > 0) {
+        if (read_attr_long(ds, "order", &v) == 0 && v >= 0 && v < (1 << 30)) e->order = (int)v;
+        else bad = "order (one integer in [0, 2^30))";
+    }
+    if (!bad && H5Aexists(ds, "layer") > 0) {
+        if (read_attr_long(ds, "layer", &v) == 0 && v >= -1 && v < (1 << 30)) e->layer = (int)v;
+        else bad = "layer (one integer in [-1, 2^30))";
+    }
+    if (!bad && H5Aexists(ds, "kind") > 0 &&
+        (v41_h5_attr_str(ds, "kind", kb, sizeof kb) != 0 || v41_dump_kind_parse(kb, &e->kind) != 0))
+        bad = "kind (one of f32, bf16, i32, u8)";
     e->discrete = e->kind == V41_TAP_I32 || e->kind == V41_TAP_U8;
-    if (read_attr_long(ds, "discrete", &v) == 0) e->discrete = v != 0;
+    if (!bad && H5Aexists(ds, "discrete") > 0) {
+        if (read_attr_long(ds, "discrete", &v) == 0 && (v == 0 || v == 1)) e->discrete = v != 0;
+        else bad = "discrete (one integer, 0 or 1)";
+    }
+    if (bad) {
+        snprintf(c->msg, sizeof c->msg, "step%04d/%s: attribute %s is malformed", c->step, name, bad);
+        H5Dclose(ds);
+        c->err = 3;
+        return -1;
+    }
     hid_t sp = H5Dget_space(ds);
     int nd = H5Sget_simple_extent_ndims(sp);
     hsize_t dims[32];

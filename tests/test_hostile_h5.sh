@@ -51,6 +51,8 @@ cases = {
     # numbers out of range, NaN, wrong types
     'order_huge': attr('order', np.float64(1e300)),
     'order_nan': attr('order', np.float64('nan')),
+    'order_frac': attr('order', np.float64(2.5)),
+    'discrete_2': attr('discrete', np.int32(2)),
     'layer_str': attr('layer', 'x'),
     'kind_bad': attr('kind', 'complex128'),
     'dims_long': attr('dims', 'x' * 5000),
@@ -113,8 +115,17 @@ expect2 huge_dims "step0000/embed has more than 2^36 elements"
 expect2 strings "not a number type"
 expect2 compound "not a number type"
 expect2 rows_shape "rows is not \[n,2\]"
-# attributes that cannot be read as one value are ignored, as if absent: the data still compares
-for f in arr_order arr_rms arr_kind arr_dims order_huge order_nan layer_str kind_bad dims_long; do
+# the attributes that decide what diff reports (order, layer, kind, discrete) are errors when
+# present but not one value in range; the informational ones (rms, absmax, dims) count as absent
+expect2 arr_order "step0000/embed: attribute order (one integer in \[0, 2^30)) is malformed"
+expect2 order_huge "attribute order"
+expect2 order_nan "attribute order"
+expect2 order_frac "attribute order"
+expect2 layer_str "step0000/embed: attribute layer"
+expect2 arr_kind "step0000/embed: attribute kind (one of f32, bf16, i32, u8) is malformed"
+expect2 kind_bad "attribute kind"
+expect2 discrete_2 "attribute discrete (one integer, 0 or 1)"
+for f in arr_rms arr_dims dims_long; do
   run "$V41" diff "$T/base.h5" "$T/$f.h5"
   [ $rc = 0 ] || fail "$f: exit $rc, want 0 (same data)"
 done
