@@ -25,12 +25,17 @@ grep -q "verdict: IN PARITY within the expected tolerances: every tap agrees" "$
 grep -q "^bisect: first local failure: step 0 layer 2 attention" "$T/out" || fail "fault not localized"
 grep -q "^verdict: NOT IN PARITY" "$T/out" || fail "fault verdict"
 
-# Replay off here: with bounded replay the 10-token prompts (W = 8) are trimmed and fp32 vs
-# emulate then flips a greedy token by a logit margin of 0.92, which the bf16-level near-tie
-# rule cannot classify (a known limit of the rule under a precision gap, noted in the README).
-"$V41" parity $R --no-replay --json >"$T/out" 2>"$T/err"; rc=$?
-if "$PY" -c 'import json' 2>/dev/null; then
-  "$PY" - "$T/out" "$rc" <<'PY' || fail "default sides"
+# The default sides without a GPU (fp32 against emulate): in parity, every flip explained, in
+# configurations where the free run flips a row of a tap whose teacher-forced flip is a near tie
+# in another token (before session 27 the classifier decided "inherited" per tap, and these
+# three configurations ended NOT IN PARITY: the replay-trimmed 10-token prompts by a logit margin
+# of 0.92, the other two by 2-3 logits).
+i=0
+for args in "$R" "--threads 1 --random-prompts 2:16 --seed 7 --steps 6" "--threads 1 --random-prompts 3:24 --seed 6 --steps 6"; do
+  i=$((i + 1))
+  "$V41" parity $args --json >"$T/out" 2>"$T/err"; rc=$?
+  if "$PY" -c 'import json' 2>/dev/null; then
+    "$PY" - "$T/out" "$rc" <<'PY' || fail "default sides, configuration $i: $args"
 import json, sys
 d = json.load(open(sys.argv[1])); rc = int(sys.argv[2])
 assert d["in_parity"] == (rc == 0), (d["in_parity"], rc)
@@ -38,8 +43,13 @@ if d["b"].startswith("ref"):   # no GPU: the precision gap is expected and repor
     assert d["a"] == "ref:fp32" and d["b"] == "ref:emulate", d
     assert d["precision_gap_expected"] and not d["same"] and d["worst_nrmse"] > 0, d
     assert rc == 0, "fp32 vs emulate must be in parity: %s" % [f for f in d["flips"] if f["why"] == "UNEXPLAINED"]
+    # the free run's flips are explained row by row: some inherited, none unexplained
+    assert any(f["why"] == "inherited" for f in d["flips"] if f["run"] == "propagated"), d["flips"]
 PY
-fi
+  else
+    [ $rc = 0 ] || fail "default sides, configuration $i: exit $rc"
+  fi
+done
 "$V41" parity --a ref --b tpu $R >"$T/out" 2>&1; [ $? = 2 ] || fail "bad side"
 
 if [ -f "$O/golden_fixed.h5" ]; then
