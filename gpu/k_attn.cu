@@ -412,6 +412,7 @@ __global__ void g_attn_merge_kernel(const float *__restrict__ part, const float 
 
 #define AW_THREADS 256
 #define AW_MAX_NS 8                              /* portable cluster size */
+#define AW_DEEP_WAVES 2                          /* grids of up to this many waves gather two chunks ahead */
 #define AW_OFF_P (3u * 65536u)                   /* P tile */
 #define AW_OFF_X (AW_OFF_P + 8192u)              /* Xmax [2][64] */
 #define AW_OFF_S (AW_OFF_X + 512u)               /* Mrow [64], Lw [2][64] */
@@ -603,6 +604,13 @@ __device__ __forceinline__ void aw_epilogue_2(const float (&oacc)[128], float m0
     aw_store_staged<32>(stg, split * 256, h0, H, t, o);   /* 64 rows x 32 16-byte pieces of the half */
 }
 
+// DEEP (the default for grids of at most AW_DEEP_WAVES waves: decode batches): two chunks in
+// flight, each WG gathering its own column half (session 25). !DEEP (many waves: prefill): one chunk
+// in flight, the gather of chunk c+1 issued by all 256 threads over whole rows while GEMM 1 of chunk
+// c runs, the schedule before session 25 (prefill 4096 rows measured up to 4 % slower with DEEP; with
+// many CTAs resident per wave the co-scheduled CTAs hide the copy latency instead). Both compute
+// the same operations in the same order: the same bits (test_attn_depth).
+template <bool DEEP>
 __global__ void __launch_bounds__(AW_THREADS, 1)
 g_sparse_attn_wgmma_kernel(const uint16_t *__restrict__ q, const uint16_t *__restrict__ kv_a,
                            const uint16_t *__restrict__ kv_b, const int32_t *__restrict__ idx, int L, int n_a,
@@ -644,7 +652,8 @@ g_sparse_attn_wgmma_kernel(const uint16_t *__restrict__ q, const uint16_t *__res
     // column half w (blocks 4w..4w+3), the half only its own GEMM 2 reads: thread tid copies the
     // 16-byte column chunk cc = 32w + tid % 32 of keys j = (tid % 128) / 32 + 4k; its swizzled
     // position is (cc % 8) ^ (j % 8) = ((cc % 8) ^ j0) ^ (4 if k odd), j0 = (tid % 128) / 32.
-    const int gcc = 32 * wg + (tid & 31), gj0 = (tid >> 5) & 3;
+    // (!DEEP: thread tid copies column chunk cc = tid % 64 of keys j = tid / 64 + 4k.)
+    const int gcc = DEEP ? 32 * wg + (tid & 31) : tid & 63, gj0 = DEEP ? (tid >> 5) & 3 : tid >> 6;
     const uint32_t gdst = (uint32_t)(gcc >> 3) * 8192u + (uint32_t)gj0 * 128u;
     const uint32_t gsw = (uint32_t)((gcc & 7) ^ gj0);
     auto prefetch = [&](int c, int b) {
@@ -663,8 +672,10 @@ g_sparse_attn_wgmma_kernel(const uint16_t *__restrict__ q, const uint16_t *__res
     // two chunks in flight from the start (one cp.async group each, empty past the split's end)
     if (c0 < c1) prefetch(c0, 0);
     else g_cp_commit();
-    if (c0 + 1 < c1) prefetch(c0 + 1, 1);
-    else g_cp_commit();
+    if constexpr (DEEP) {
+        if (c0 + 1 < c1) prefetch(c0 + 1, 1);
+        else g_cp_commit();
+    }
 
     float oacc[128];
 #pragma unroll
@@ -680,7 +691,8 @@ g_sparse_attn_wgmma_kernel(const uint16_t *__restrict__ q, const uint16_t *__res
         const int b = (c - c0) & 1;
         const int *Vs = Vall + (c - c0) * AT_CK + kw;
         const uint64_t boff = (uint64_t)(b * 65536) >> 4;   /* buffer offset in descriptor units */
-        g_cp_wait<1>();    // this thread's rows of chunk c and Q landed (chunk c+1's group may be in flight)
+        if constexpr (DEEP) g_cp_wait<1>();   // this thread's rows of chunk c and Q landed (chunk c+1's group may be in flight)
+        else g_cp_wait<0>();                  // this thread's rows of chunk c (gathered during chunk c-1's GEMM 1) and Q landed
         aw_fence_proxy_async();
         __syncthreads();   // chunk c landed for every thread; both WGs are done with chunk c-1 (buffer b^1, P, Xmax)
         // GEMM 1: S_w = Q . K_w^T (async)
@@ -695,6 +707,8 @@ g_sparse_attn_wgmma_kernel(const uint16_t *__restrict__ q, const uint16_t *__res
             aw_mma_ss_n32(s, dQ + koff, dK0 + boff + koff, ks > 0);
         }
         aw_wgmma_commit();
+        if constexpr (!DEEP)   // gather chunk c+1 into the free buffer b^1 while the tensor cores run GEMM 1
+            if (c + 1 < c1) prefetch(c + 1, b ^ 1);
         aw_wgmma_wait<0>();
         aw_fence_regs(s);
         // scale, mask (-1 entries: -inf, never in the max), row max over the quad (lanes 4g..4g+3)
@@ -759,8 +773,10 @@ g_sparse_attn_wgmma_kernel(const uint16_t *__restrict__ q, const uint16_t *__res
         // this WG's column half of buffer b is free: both GEMM 1s of chunk c finished before the P
         // barrier, and only this WG's GEMM 2 (done) reads the half. Gather chunk c+2 into it now, so
         // that two chunks stay in flight while chunk c+1 is computed
-        if (c + 2 < c1) prefetch(c + 2, b);
-        else g_cp_commit();
+        if constexpr (DEEP) {
+            if (c + 2 < c1) prefetch(c + 2, b);
+            else g_cp_commit();
+        }
     }
     g_cp_wait<0>();
     __syncthreads();   // every wgmma and gather is done: Q and K are free for O
@@ -873,7 +889,7 @@ static bool aw_usable(int cps)
         cudaDeviceGetAttribute(&mnr, cudaDevAttrComputeCapabilityMinor, dev);
         cudaFuncAttributes fa;
         ok = maj == 9 && mnr == 0 && !g_env_flag("V41_ATTN_NO_WGMMA") &&
-             cudaFuncGetAttributes(&fa, g_sparse_attn_wgmma_kernel) == cudaSuccess && fa.numRegs >= 128;
+             cudaFuncGetAttributes(&fa, g_sparse_attn_wgmma_kernel<true>) == cudaSuccess && fa.numRegs >= 128;
         (void)cudaGetLastError();
     }
     return ok == 1 && aw_smem_bytes(cps) <= (size_t)g_smem_optin();
@@ -909,13 +925,20 @@ extern "C" int v41g_sparse_attn(const uint16_t *q, const uint16_t *kv_a, const u
     at_smem Ly = at_layout(d, cps, MT);
     if (wg_ok && aw_usable(cps)) {   // sm_90a wgmma path (see above); NS > 1: one cluster of NS CTAs per (row, tile)
         const size_t sm = aw_smem_bytes(cps);
-        G_CHECK(cudaFuncSetAttribute(g_sparse_attn_wgmma_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sm));
-        G_CHECK(cudaFuncSetAttribute(g_sparse_attn_wgmma_kernel, cudaFuncAttributePreferredSharedMemoryCarveout, 100));
+        // the gather depth (see the kernel): two chunks in flight for grids of at most AW_DEEP_WAVES
+        // waves, else one; V41_ATTN_DEPTH=1 or 2 forces it (read at every call: test_attn_depth and
+        // the benchmark's A/B)
+        const long ctas = (long)T * tiles * NS;
+        const char *dv = getenv("V41_ATTN_DEPTH");
+        const bool deep = dv && (dv[0] == '1' || dv[0] == '2') && !dv[1] ? dv[0] == '2' : ctas <= (long)AW_DEEP_WAVES * nsm;
+        auto kern = deep ? g_sparse_attn_wgmma_kernel<true> : g_sparse_attn_wgmma_kernel<false>;
+        G_CHECK(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sm));
+        G_CHECK(cudaFuncSetAttribute(kern, cudaFuncAttributePreferredSharedMemoryCarveout, 100));
         const cudaLaunchAttribute cl = g_attr_cluster(dim3(1, 1, (unsigned)NS));
         // NS = 2 merges by column halves (aw_epilogue_2) unless V41_ATTN_MERGE_PULL=1 (read at every call:
         // the tests compare the two merges bit for bit)
         const int pull = g_env_flag("V41_ATTN_MERGE_PULL") ? 1 : 0;
-        G_CHECK(g_launch_ex(g_sparse_attn_wgmma_kernel, dim3(T, tiles, NS), dim3(AW_THREADS), sm, st, NS > 1 ? &cl : NULL,
+        G_CHECK(g_launch_ex(kern, dim3(T, tiles, NS), dim3(AW_THREADS), sm, st, NS > 1 ? &cl : NULL,
                             q, kv_a, kv_b, idx, L, n_a, sink, scale, H, cps, o, pull));
         return 0;
     }

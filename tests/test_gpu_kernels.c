@@ -441,6 +441,45 @@ START_TEST(test_attn_merge2)
 }
 END_TEST
 
+/* The wgmma attention's two gather schedules (V41_ATTN_DEPTH=1: one chunk in flight, the default
+ * for grids of more than two waves; 2: two chunks, each warpgroup gathering its own column half)
+ * run the same operations in the same order: the same bits, and both against the CPU. Cases: a
+ * list split in two (64 rows, the cluster merge), one in four with 40 heads and no sink, and an
+ * unsplit list over 136 rows (more CTAs than SMs). Elsewhere than sm_90a the variable is ignored
+ * and both runs take the mma.sync kernel. */
+START_TEST(test_attn_depth)
+{
+    static const attn_case cs[] = {
+        {64, 64, 512, 128, 512, 4096, 8192, 128, 512, 1},
+        {33, 40, 512, 128, 512, 4096, 8192, 100, 300, 0},
+        {136, 64, 512, 128, 128, 4096, 4096, 128, 128, 1},
+    };
+    for (int c = 0; c < 3; c++) {
+        const attn_case *base = &cs[c];
+        rng_seed(670 + c);
+        attn_data a = attn_make(base);
+        const size_t n = a.nq;
+        uint16_t *got[2];
+        for (int deep = 0; deep < 2; deep++) {
+            setenv("V41_ATTN_DEPTH", deep ? "2" : "1", 1);
+            uint16_t *dout = dpoison(2 * n);
+            ck_assert_int_eq(v41g_sparse_attn(a.dq, a.dka, a.dkb, a.didx, a.L, base->W, base->with_sink ? a.dsink : NULL,
+                                              a.scale, base->T, base->H, base->d, dout, NULL), 0);
+            got[deep] = down(dout, 2 * n);
+            v41g_free(dout);
+        }
+        unsetenv("V41_ATTN_DEPTH");
+        ck_assert_msg(!memcmp(got[0], got[1], 2 * n), "case %d: the two gather depths differ", c);
+        uint16_t *o = malloc(2 * n);
+        cr_sparse_attn(a.q, a.ka, a.kb, a.idx, a.L, base->W, base->with_sink ? a.sink : NULL, a.scale, base->T, base->H,
+                       base->d, o);
+        check_bf16("sparse_attn depth", got[0], o, n, 4e-3, BF_ULP);   /* tolerance as in test_attn_random */
+        free(o); free(got[0]); free(got[1]);
+        attn_free(&a);
+    }
+}
+END_TEST
+
 /* Constant K=V with padding: DSpark lists (W + B = 133 real keys padded to 256)
  * and a decode list with -1s at the front: the output must be exactly the
  * constant (padding has zero weight, all p = 1 exactly). Also: a row whose
@@ -655,6 +694,7 @@ static Suite *gpu_suite(void)
     tcase_add_test(tc, test_attn_constant);
     tcase_add_test(tc, test_attn_sequence);
     tcase_add_test(tc, test_attn_merge2);
+    tcase_add_test(tc, test_attn_depth);
     suite_add_tcase(s, tc);
     tc = tcase_create("indexer");
     tcase_set_timeout(tc, 120);
