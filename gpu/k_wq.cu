@@ -117,32 +117,63 @@ __device__ __forceinline__ void wq_cvt_fp8(uint32_t u, uint32_t mul, uint32_t &p
     p01 = *(uint32_t *)&ra;
     p23 = *(uint32_t *)&rb;
 }
-// 8 e2m1 codes (nibble j of W = element j) as their exact bf16 values times the bf16x2 multiplier
-// mul, without lookups: q[t] = bf16x2 of nibbles 3 - t (low half) and 7 - t (high half). A code's
-// magnitude bits e1 e0 m at bf16 bits 8..6 (exponent field e, mantissa msb m) and its sign at bit
-// 15 make the bf16 number code * 2^-126 exactly (e = 0: the subnormal (m/2) * 2^-126; bf16
-// arithmetic keeps subnormal inputs, as the fp8 conversion above relies on too), so one bf16x2
-// multiply by 2^126 gives the code's value and one by 2^(e-1) (wq_mul_fp4) the code times
-// 2^(e-127), both exactly. Per 8 codes 3 shifts, 4 ands, 4 shifts, 4 ors and 4 multiplies (the
-// first shift is none): 19 instructions (the table lookup it replaced took 24 and two table
-// registers). With the fp4 tile layout, word w of a thread's row gives its A registers of k-steps
-// 2w (q[3]: a0/a1, q[2]: a2/a3) and 2w + 1 (q[1], q[0]).
 // bf16x2 product of two bf16x2 bit patterns
 __device__ __forceinline__ uint32_t wq_hmul2(uint32_t a, uint32_t b)
 {
     __nv_bfloat162 r = __hmul2(*(const __nv_bfloat162 *)&a, *(const __nv_bfloat162 *)&b);
     return *(uint32_t *)&r;
 }
-// one pair: the codes in bits 15..12 and 31..28 of x, times mul
-__device__ __forceinline__ uint32_t wq_dec_fp4x2(uint32_t x, uint32_t mul)
+// 8 e2m1 codes (element j = 0..7 of a word) as their exact bf16 values times the bf16x2 multiplier
+// mul, without lookups: q[t] = bf16x2 of elements 3 - t (low half) and 7 - t (high half). A code's
+// magnitude bits e1 e0 m at bf16 bits 8..6 (exponent field e, mantissa msb m) and its sign at bit
+// 15 make the bf16 number code * 2^-126 exactly (e = 0: the subnormal (m/2) * 2^-126; bf16
+// arithmetic keeps subnormal inputs, as the fp8 conversion above relies on too), so one bf16x2
+// multiply by 2^126 gives the code's value and one by 2^(e-1) (wq_mul_fp4) the code times
+// 2^(e-127), both exactly.
+// The tiled word does not hold the codes as nibbles: g_wq_tile_kernel scatters bit k (0: m, 1: e0,
+// 2: e1, 3: sign) of element j to bit wq_fp4_bit(j, k), so that the left rotations of the word by
+// 0, 1, 3 and 6 bits hold every code's bit pairs (m, e0) at bits 6, 7 of a byte (the low byte of a
+// bf16 lane) and (e1, sign) at bits 0, 7 of a byte (its high byte): one byte permute of two
+// rotations and one mask then form each bf16x2 pair. Per 8 codes 3 rotations, 4 permutes, 4 ands
+// and 4 multiplies: 15 instructions, 11 of them on the integer pipe (the nibble layout's shifts
+// took 19, 15; session 28's exhaustive search found no layout that needs fewer: each rotation can
+// serve at most 4 of the 16 bit pairs, and a byte permute joins two rotations). With the fp4 tile
+// layout, word w of a thread's row gives its A registers of k-steps 2w (q[3]: a0/a1, q[2]: a2/a3)
+// and 2w + 1 (q[1], q[0]). gpu/bench/fp4shift_model.py models both sides.
+// Pair t of the word (elements 3 - t and 7 - t): bytes 2 (t % 2) and 2 (t % 2) + 1 of rotation
+// rL(t) = 1 (t < 2) or 3 give their (m, e0) bytes, the same bytes of rotation rH(t) = 0 or 6 their
+// (e1, sign) bytes.
+__host__ __device__ constexpr int wq_fp4_bit(int j, int k)
 {
-    const uint32_t y = x & 0xF000F000u;
-    return wq_hmul2((y | (y >> 6)) & 0x81C081C0u, mul);   /* sign at bit 15, magnitude at bits 8..6 */
+    /* element j: pair t, lane l (0: low half), byte b of both rotations */
+    return (8 * (2 * ((j < 4 ? 3 - j : 7 - j) & 1) + (j < 4 ? 0 : 1)) +
+            (k == 0 ? 6 - ((j < 4 ? 3 - j : 7 - j) < 2 ? 1 : 3)
+             : k == 1 ? 7 - ((j < 4 ? 3 - j : 7 - j) < 2 ? 1 : 3)
+             : k == 2 ? -((j < 4 ? 3 - j : 7 - j) < 2 ? 0 : 6)
+                      : 7 - ((j < 4 ? 3 - j : 7 - j) < 2 ? 0 : 6))) & 31;
+}
+#define WQ_FP4_SEL_LO 0x5140u   /* prmt: bytes 0 (rL), 0 (rH), 1 (rL), 1 (rH) */
+#define WQ_FP4_SEL_HI 0x7362u   /* bytes 2, 2, 3, 3 */
+#define WQ_FP4_MASK 0x81C081C0u /* sign at bit 15, magnitude at bits 8..6, both halves */
+__device__ __forceinline__ uint32_t wq_fp4_pair(uint32_t rl, uint32_t rh, uint32_t sel, uint32_t mul)
+{
+    uint32_t d;
+    asm("prmt.b32 %0, %1, %2, %3;" : "=r"(d) : "r"(rl), "r"(rh), "r"(sel));
+    return wq_hmul2(d & WQ_FP4_MASK, mul);
 }
 __device__ __forceinline__ void wq_dec_fp4x8(uint32_t W, uint32_t mul, uint32_t (&q)[4])
 {
-#pragma unroll
-    for (int t = 0; t < 4; t++) q[t] = wq_dec_fp4x2(W << (4 * t), mul);   /* nibbles 3 - t, 7 - t at the top of each half */
+    const uint32_t r1 = __funnelshift_l(W, W, 1), r3 = __funnelshift_l(W, W, 3), r6 = __funnelshift_l(W, W, 6);
+    q[0] = wq_fp4_pair(r1, W, WQ_FP4_SEL_LO, mul);
+    q[1] = wq_fp4_pair(r1, W, WQ_FP4_SEL_HI, mul);
+    q[2] = wq_fp4_pair(r3, r6, WQ_FP4_SEL_LO, mul);
+    q[3] = wq_fp4_pair(r3, r6, WQ_FP4_SEL_HI, mul);
+}
+// pair t alone (g_wq_dequant_kernel: t at run time)
+__device__ __forceinline__ uint32_t wq_dec_fp4_one(uint32_t W, int t, uint32_t mul)
+{
+    const uint32_t rl = __funnelshift_l(W, W, t < 2 ? 1 : 3), rh = t < 2 ? W : __funnelshift_l(W, W, 6);
+    return wq_fp4_pair(rl, rh, (t & 1) ? WQ_FP4_SEL_HI : WQ_FP4_SEL_LO, mul);
 }
 // Multipliers of an e8m0 scale byte: fp8 path (bf16x2 2^(e-7); e in [10, 134], clamped); fp4 path
 // (applied to code * 2^-126): 2^(min(e, 128) - 1), and for e > 128 the second factor 2^(e-128)
@@ -955,7 +986,8 @@ __global__ void g_wq_reduce4_kernel(const float *__restrict__ part, int splits, 
 // bytes of the tiled codes.
 //  - fp8, columns 16s + 8h .. + 7 (s = (l % 8) / 2, h = l % 2): bytes 2h, 2h + 1 of word s of chunk
 //    c are columns 16s + 8h + 2c, + 1.
-//  - fp4: nibbles j0 = 2 (s % 2) + h and j0 + 4 of word s / 2 of chunk c are the same columns.
+//  - fp4: elements j0 = 2 (s % 2) + h and j0 + 4 of word s / 2 of chunk c (its pair 3 - j0) are the
+//    same columns.
 // The kernel it replaced staged a whole tile per CTA in shared memory and wrote half row segments
 // per store instruction; on the H200 this one is 15-23 % faster (wq_b 49.2 -> 38.1 us, 60 -> 78 %
 // of copy). A warp with 2, 4 or 8 units in flight measured the same or slower (session 12).
@@ -986,9 +1018,9 @@ __global__ void __launch_bounds__(WQ_DQ_THREADS) g_wq_dequant_kernel(v41g_wq W, 
         }
     } else {
         const uint32_t e = __ldg(sc + (size_t)n * ldsK + (k >> 5)), mul = wq_mul_fp4(e);
-        const int sh = 4 * (3 - (2 * (s & 1) + h));   /* nibbles j0, j0 + 4 to bits 15..12, 31..28 */
+        const int pt = 3 - (2 * (s & 1) + h);   /* elements j0 = 3 - pt and j0 + 4: pair pt */
 #pragma unroll
-        for (int c = 0; c < 4; c++) v[c] = wq_dec_fp4x2(wd[c] << sh, mul);
+        for (int c = 0; c < 4; c++) v[c] = wq_dec_fp4_one(wd[c], pt, mul);
         if (e > 128u) {
             const uint32_t big = wq_big_fp4(e);
 #pragma unroll
@@ -999,8 +1031,8 @@ __global__ void __launch_bounds__(WQ_DQ_THREADS) g_wq_dequant_kernel(v41g_wq W, 
 }
 
 // Tiled copy of checkpoint-layout codes: thread i -> byte i of a tile row segment (fp8: column
-// wq_col_of(i); fp4: low nibble column wq_col_of4(2i), high nibble wq_col_of4(2i + 1)), i over
-// the whole tiled buffer.
+// wq_col_of(i); fp4: the word of bytes i & ~3 holds the 8 elements at positions 2 (i & ~3) + j,
+// column wq_col_of4 of each, their bits scattered by wq_fp4_bit), i over the whole tiled buffer.
 __global__ void g_wq_tile_kernel(int fmt, int N, int K, const uint8_t *__restrict__ codes, uint8_t *__restrict__ tiled,
                                  size_t bytes)
 {
@@ -1015,11 +1047,18 @@ __global__ void g_wq_tile_kernel(int fmt, int N, int K, const uint8_t *__restric
         const int k = kt * 64 + wq_col_of(b);
         if (n < N && k < K) v = codes[(size_t)n * K + k];
     } else {
-        // checkpoint fp4: element k is the low (k even) or high nibble of byte k / 2 of its row
-#pragma unroll
-        for (int h = 0; h < 2; h++) {
-            const int k = kt * 64 + wq_col_of4(2 * b + h);
-            if (n < N && k < K) v |= (uint8_t)(((codes[(size_t)n * (K / 2) + k / 2] >> (4 * (k & 1))) & 15) << (4 * h));
+        // checkpoint fp4: element k is the low (k even) or high nibble of byte k / 2 of its row.
+        // Byte b % 4 of the word of bytes b & ~3 (elements j = 0..7 at positions 2 (b & ~3) + j):
+        // bit k of element j goes to bit wq_fp4_bit(j, k) of the word
+        const int byte = b & 3;
+        for (int j = 0; j < 8; j++) {
+            const int k = kt * 64 + wq_col_of4(2 * (b & ~3) + j);
+            if (n >= N || k >= K) continue;
+            const uint32_t code = (codes[(size_t)n * (K / 2) + k / 2] >> (4 * (k & 1))) & 15u;
+            for (int kb = 0; kb < 4; kb++) {
+                const int pos = wq_fp4_bit(j, kb);
+                if ((pos >> 3) == byte && (code >> kb & 1u)) v |= (uint8_t)(1u << (pos & 7));
+            }
         }
     }
     tiled[i] = v;

@@ -1,11 +1,15 @@
 #!/usr/bin/python3
-# fp4shift_model.py: host-side model of the fp4 tile layout and shift decode of gpu/k_wq.cu
-# (wq_col_of4, wq_dec_fp4x8, wq_mul_fp4, wq_big_fp4, g_wq_tile_kernel). Checks, without a GPU:
+# fp4shift_model.py: host-side model of the fp4 tile layout and rotate-permute decode of
+# gpu/k_wq.cu (wq_col_of4, wq_fp4_bit, wq_dec_fp4x8, wq_dec_fp4_one, wq_mul_fp4, wq_big_fp4,
+# g_wq_tile_kernel). Checks, without a GPU:
 #  - the layout: wq_col_of4 is a permutation of each 64-column tile row, and for every thread
-#    (lane % 4 = c) and word w of its 8 bytes, wq_dec_fp4x8's pairs (nibble 3-t low, 7-t high) are
+#    (lane % 4 = c) and word w of its 8 bytes, wq_dec_fp4x8's pairs (element 3-t low, 7-t high) are
 #    the mma/wgmma A registers of k-steps 2w (q[3] = a0/a1: columns 16s + 2c, +1; q[2] = a2/a3:
 #    16s + 2c + 8, +9) and 2w + 1 (q[1], q[0]), and word w lies in one 32-column scale block;
-#  - the decode: for all 16 codes at every nibble position and every scale byte e = 0..254, the
+#  - the bit scatter: wq_fp4_bit is a permutation of the word's 32 bits, and the rotations by 1, 3, 6
+#    and byte permutes of wq_dec_fp4x8 give, for random words, the same bf16 bit patterns as the
+#    nibble layout's shift decode it replaced (sessions 1-27);
+#  - the decode: for all 16 codes at every element position and every scale byte e = 0..254, the
 #    bf16 bits (sign at 15, magnitude at 8..6) times 2^(min(e,128)-1), then for e > 128 times
 #    2^(e-128), each product rounded to bf16 as the hardware's bf16x2 multiply rounds it, equal
 #    the bf16 rounding of code * 2^(e-127) (what ref's fp32 product gives; the sign of zero too).
@@ -25,23 +29,55 @@ for c in range(4):
             assert lo == (16 * s + 2 * c, 16 * s + 2 * c + 1), (c, w, s, lo)
             assert hi == (16 * s + 2 * c + 8, 16 * s + 2 * c + 9), (c, w, s, hi)
         assert len({col(j) // 32 for j in range(8)}) == 1 and col(0) // 32 == w
-# g_wq_tile_kernel: byte b of a tile row holds positions 2b (low nibble), 2b + 1 (high); word w of
-# thread c is bytes 8c + 4w .. + 3 little-endian, so its nibble j is position 16c + 8w + j
+# g_wq_tile_kernel: the word of bytes 8c + 4w .. + 3 (little-endian) of a tile row holds the
+# elements j = 0..7 at positions 2 (8c + 4w) + j = 16c + 8w + j
 for c in range(4):
     for w in range(2):
         for j in range(8):
-            b, h = divmod(16 * c + 8 * w + j, 2)
-            assert b == 8 * c + 4 * w + j // 2 and h == j % 2
+            assert 2 * ((8 * c + 4 * w) & ~3) + j == 16 * c + 8 * w + j
 print("layout ok")
 
+M32 = 0xFFFFFFFF
+def wq_fp4_bit(j, k):   # as the C constexpr: element j's pair t, lane, byte m, rotations rL, rH
+    t = 3 - j if j < 4 else 7 - j
+    m = 8 * (2 * (t & 1) + (0 if j < 4 else 1))
+    rl, rh = (1, 0) if t < 2 else (3, 6)
+    return (m + (6 - rl, 7 - rl, -rh, 7 - rh)[k]) & 31
+assert sorted(wq_fp4_bit(j, k) for j in range(8) for k in range(4)) == list(range(32))
+def tile_word(old):   # g_wq_tile_kernel: nibble-layout word (element j = nibble j) -> tiled word
+    return sum(((old >> (4 * j + k)) & 1) << wq_fp4_bit(j, k) for j in range(8) for k in range(4))
+def rotl(w, r): return ((w << r) | (w >> (32 - r))) & M32 if r else w
+def prmt(a, b, sel):
+    by = [(a >> (8 * i)) & 255 for i in range(4)] + [(b >> (8 * i)) & 255 for i in range(4)]
+    return sum(by[(sel >> (4 * i)) & 7] << (8 * i) for i in range(4))
+SEL_LO, SEL_HI, MASK = 0x5140, 0x7362, 0x81C081C0
+def dec_fp4x8(T):   # wq_dec_fp4x8 before the multiply: q[0..3]
+    r1, r3, r6 = rotl(T, 1), rotl(T, 3), rotl(T, 6)
+    return [prmt(r1, T, SEL_LO) & MASK, prmt(r1, T, SEL_HI) & MASK, prmt(r3, r6, SEL_LO) & MASK, prmt(r3, r6, SEL_HI) & MASK]
+def dec_one(T, t):   # wq_dec_fp4_one
+    rl, rh = (rotl(T, 1), T) if t < 2 else (rotl(T, 3), rotl(T, 6))
+    return prmt(rl, rh, SEL_HI if t & 1 else SEL_LO) & MASK
+def dec_shift(W, t):   # the nibble layout's decode (sessions 1-27), for comparison
+    y = ((W << (4 * t)) & M32) & 0xF000F000
+    return (y | (y >> 6)) & MASK
+import random
+rng = random.Random(28)
+words = [0x76543210, 0xFEDCBA98, 0x89ABCDEF, 0x01234567, 0x10325476, 0x98BADCFE, 0xEFCDAB89, 0x67452301, 0, M32]
+words += [rng.getrandbits(32) for _ in range(20000)]
+for W in words:
+    q = dec_fp4x8(tile_word(W))
+    for t in range(4):
+        assert q[t] == dec_shift(W, t), (hex(W), t)
+        assert dec_one(tile_word(W), t) == q[t], (hex(W), t)
+print("bit scatter ok (%d words)" % len(words))
 E2M1 = [0.0, .5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0]
 def mul_fp4(e): return 2.0 ** (min(e, 128) - 1)
 def big_fp4(e): return 1.0 if e <= 128 else 2.0 ** (e - 128)
 checked = 0
 for W in [0x76543210, 0xFEDCBA98, 0x89ABCDEF, 0x01234567, 0x10325476, 0x98BADCFE, 0xEFCDAB89, 0x67452301]:
+    q = dec_fp4x8(tile_word(W))
     for t in range(4):
-        y = ((W << (4 * t)) & 0xFFFFFFFF) & 0xF000F000
-        b = (y | (y >> 6)) & 0x81C081C0
+        b = q[t]
         for half, nib in ((0, 3 - t), (1, 7 - t)):
             code = (W >> (4 * nib)) & 15
             x = bf16_val(b >> (16 * half))
@@ -52,12 +88,5 @@ for W in [0x76543210, 0xFEDCBA98, 0x89ABCDEF, 0x01234567, 0x10325476, 0x98BADCFE
                 assert got == want and math.copysign(1, got) == math.copysign(1, want), (hex(W), t, code, e, got, want)
                 checked += 1
 print("decode ok (%d code x scale pairs)" % checked)
-# g_wq_dequant_kernel decodes one k-step s of word W: V = W << 8 (s even) or W (s odd), low pair
-# from V << 4, high pair from V: the same bits as wq_dec_fp4x8's q[3], q[2] (even) or q[1], q[0]
-for W in [0x76543210, 0xFEDCBA98, 0x89ABCDEF, 0x01234567]:
-    y = lambda t: ((W << (4 * t)) & 0xFFFFFFFF) & 0xF000F000
-    for odd in (0, 1):
-        V = (W << (8 * (1 - odd))) & 0xFFFFFFFF
-        assert ((V << 4) & 0xFFFFFFFF) & 0xF000F000 == y(1 if odd else 3)
-        assert V & 0xF000F000 == y(0 if odd else 2)
-print("dequant half decode ok")
+# g_wq_dequant_kernel decodes pair 3 - j0 of each word (j0 = 2 (s % 2) + h): checked with
+# dec_one above
