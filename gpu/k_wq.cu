@@ -137,8 +137,9 @@ __device__ __forceinline__ uint32_t wq_hmul2(uint32_t a, uint32_t b)
 // rotations and one mask then form each bf16x2 pair. Per 8 codes 3 rotations, 4 permutes, 4 ands
 // and 4 multiplies: 15 instructions, 11 of them on the integer pipe (the nibble layout's shifts
 // took 19, 15). Session 28 searched the layouts: none decodes with fewer using at most three
-// rotations (each rotation can serve at most 4 of the 16 bit pairs, so three are needed, and with
-// three no pair can skip the permute); four or more rotations were not searched. With the fp4 tile
+// rotation instructions (the word and each rotation of it can serve at most 4 of the 16 bit pairs,
+// so four words are needed, and with four no pair can skip the permute); more rotations were not
+// searched. With the fp4 tile
 // layout, word w of a thread's row gives its A registers of k-steps 2w (q[3]: a0/a1, q[2]: a2/a3)
 // and 2w + 1 (q[1], q[0]). gpu/bench/fp4shift_model.py models both sides.
 // Pair t of the word (elements 3 - t and 7 - t): bytes 2 (t % 2) and 2 (t % 2) + 1 of rotation
