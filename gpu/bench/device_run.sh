@@ -31,9 +31,15 @@ if [ ! -x build-dev/gpu/bench/v41_gpu_bench ] || [ "${REBUILD:-1}" = 1 ]; then
   # than their sources so make does not try to re-run automake there
   # (the two machines' clocks differ, so set the sources' times to the past)
   if [ -f configure ]; then
-    find . -path ./deps -prune -o \( -name '*.am' -o -name configure.ac -o -name '*.m4' \) -print | xargs touch -d '2020-01-01'
-    touch aclocal.m4; sleep 1; touch configure; sleep 1; touch Makefile.in config.h.in; rm -rf build-dev
-  else autoreconf -fi; fi > "$OUT/build.log" 2>&1
+    { find . -path ./deps -prune -o \( -name '*.am' -o -name configure.ac -o -name '*.m4' \) -print | xargs touch -d '2020-01-01'
+      touch aclocal.m4; sleep 1; touch configure; sleep 1; touch Makefile.in config.h.in; rm -rf build-dev; } > "$OUT/build.log" 2>&1
+  elif ! autoreconf -fi > "$OUT/build.log" 2>&1; then
+    # the GPU machine's autotools lack libtool's m4 files (session 28): the generated files have to
+    # travel with the tree
+    echo "device_run.sh: autoreconf failed here ($OUT/build.log); carry the generated autotools files" \
+         "instead: configure aclocal.m4 Makefile.in config.h.in build-aux m4 (and deps)" >&2
+    exit 1
+  fi
   mkdir -p build-dev
   (cd build-dev && { [ -f Makefile ] || ../configure --with-cuda -q; }) >> "$OUT/build.log" 2>&1 || { tail -40 "$OUT/build.log"; exit 1; }
   (cd build-dev && make -j"$J" gpu/libv41gpukern.la gpu/bench/v41_gpu_bench tests/test_gpu_kernels) >> "$OUT/build.log" 2>&1 \
@@ -73,9 +79,11 @@ for what in "$@"; do
      echo "decode bench rc=$?"; grep -E "^decode|ceilings" "$OUT/bench-decode.log" ;;
   benchmemcheck) compute-sanitizer --tool memcheck --print-limit 10 ./gpu/bench/v41_gpu_bench --quick --reps 1 \
          --only ${MC_ONLY:-attn} > "$OUT/benchmemcheck.log" 2>&1; echo "benchmemcheck rc=$?"; grep -E "ERROR SUMMARY|Invalid|at .*0x|by thread" "$OUT/benchmemcheck.log" | head -12 ;;
-  ncu) ncu --clock-control none -k regex:${NCU_KERNEL:-g_sparse_attn_kernel} -c 1 ${NCU_ARGS:-} --section SpeedOfLight --section WarpStateStats \
+  ncu) # NCU_BENCH: the benchmark's options (default --quick; --quick runs the grouped wq calls at
+     # 64 tokens only, so profiling them at 4096 takes e.g. NCU_BENCH="--match expert_w13_fp4_grouped_T4096 --reps 1")
+     ncu --clock-control none -k regex:${NCU_KERNEL:-g_sparse_attn_kernel} -c 1 ${NCU_ARGS:-} --section SpeedOfLight --section WarpStateStats \
          --section Occupancy --section LaunchStats --section MemoryWorkloadAnalysis --section SchedulerStats \
-         ./gpu/bench/v41_gpu_bench --quick --only ${NCU_ONLY:-attn} > "$OUT/ncu.log" 2>&1; echo "ncu rc=$?" ;;
+         ./gpu/bench/v41_gpu_bench ${NCU_BENCH:---quick} --only ${NCU_ONLY:-attn} > "$OUT/ncu.log" 2>&1; echo "ncu rc=$?" ;;
   check) # the whole suite on the GPU machine: the GPU suites run instead of skipping
      make -j"$J" check > "$OUT/check.log" 2>&1; echo "check rc=$?"
      grep -E "^(PASS|FAIL|SKIP|ERROR|XFAIL|XPASS):|^# " "$OUT/check.log" | head -60
