@@ -669,7 +669,8 @@ g_sparse_attn_wgmma_kernel(const uint16_t *__restrict__ q, const uint16_t *__res
         }
         g_cp_commit();
     };
-    // two chunks in flight from the start (one cp.async group each, empty past the split's end)
+    // DEEP: two chunks in flight from the start (one cp.async group each, empty past the split's
+    // end); else the first chunk, the next one issued inside the loop
     if (c0 < c1) prefetch(c0, 0);
     else g_cp_commit();
     if constexpr (DEEP) {

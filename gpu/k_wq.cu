@@ -147,12 +147,11 @@ __device__ __forceinline__ uint32_t wq_hmul2(uint32_t a, uint32_t b)
 // (e1, sign) bytes.
 __host__ __device__ constexpr int wq_fp4_bit(int j, int k)
 {
-    /* element j: pair t, lane l (0: low half), byte b of both rotations */
-    return (8 * (2 * ((j < 4 ? 3 - j : 7 - j) & 1) + (j < 4 ? 0 : 1)) +
-            (k == 0 ? 6 - ((j < 4 ? 3 - j : 7 - j) < 2 ? 1 : 3)
-             : k == 1 ? 7 - ((j < 4 ? 3 - j : 7 - j) < 2 ? 1 : 3)
-             : k == 2 ? -((j < 4 ? 3 - j : 7 - j) < 2 ? 0 : 6)
-                      : 7 - ((j < 4 ? 3 - j : 7 - j) < 2 ? 0 : 6))) & 31;
+    const int t = j < 4 ? 3 - j : 7 - j;              /* element j's pair */
+    const int b = 2 * (t & 1) + (j < 4 ? 0 : 1);      /* its byte in both rotations (lane 0: the first) */
+    const int rl = t < 2 ? 1 : 3, rh = t < 2 ? 0 : 6; /* the rotations of its (m, e0) and (e1, sign) bytes */
+    const int at[4] = {6 - rl, 7 - rl, -rh, 7 - rh};  /* bit k's place in byte b, before the rotation */
+    return (8 * b + at[k]) & 31;
 }
 #define WQ_FP4_SEL_LO 0x5140u   /* prmt: bytes 0 (rL), 0 (rH), 1 (rL), 1 (rH) */
 #define WQ_FP4_SEL_HI 0x7362u   /* bytes 2, 2, 3, 3 */
