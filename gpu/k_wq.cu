@@ -170,6 +170,13 @@ __device__ __forceinline__ void wq_dec_fp4x8(uint32_t W, uint32_t mul, uint32_t 
     q[2] = wq_fp4_pair(r3, r6, WQ_FP4_SEL_LO, mul);
     q[3] = wq_fp4_pair(r3, r6, WQ_FP4_SEL_HI, mul);
 }
+// half h of wq_dec_fp4x8: q[2h] and q[2h + 1] (h = 1: rotations 3 and 6; h = 0: 1 and the word)
+__device__ __forceinline__ void wq_dec_fp4_half(uint32_t W, uint32_t mul, int h, uint32_t (&q)[4])
+{
+    const uint32_t rl = __funnelshift_l(W, W, h ? 3 : 1), rh = h ? __funnelshift_l(W, W, 6) : W;
+    q[2 * h] = wq_fp4_pair(rl, rh, WQ_FP4_SEL_LO, mul);
+    q[2 * h + 1] = wq_fp4_pair(rl, rh, WQ_FP4_SEL_HI, mul);
+}
 // pair t alone (g_wq_dequant_kernel: t at run time)
 __device__ __forceinline__ uint32_t wq_dec_fp4_one(uint32_t W, int t, uint32_t mul)
 {
@@ -702,17 +709,32 @@ __device__ __forceinline__ void wq_ld_stream(uint32_t *r, const uint8_t *p, int 
 // g_wq_gemv_kernel's fp4 block step: rows 16mt + g and + 8 of tile slot u, k-steps 2bl (q[3], q[2]) and
 // 2bl + 1 (q[1], q[0]), their codes times the multipliers MA, MB, against row tile j's B fragments
 // (tile 1 only where two): part[j][mt] = the block's sums from zero. (A macro, not a lambda: a lambda
-// changed the generated code of the measured kernels.)
+// changed the generated code of the measured kernels.) The 16-row instance (NT = 2) decodes each word
+// in halves, each right before the MMAs that read it: with session 28's whole-word decode ptxas
+// spilled 16 bytes there (128 registers, its cap; none before), and with the halves it spills none
+// (ptxas --resource-usage, nvcc 13.0, session 29). NT = 1 keeps the whole-word decode: its PTX is
+// the same as before, where the halves gave its non-cluster fp4 instance a 24-byte spill.
 #define WQ_FP4_BLOCK_MMA(MA, MB)                                                                                   \
     do {                                                                                                           \
+        const uint32_t wa = raw[u][2 * mt][bl], wb = raw[u][2 * mt + 1][bl], ma = (MA), mb = (MB);                \
         uint32_t qa[4], qb[4];                                                                                     \
-        wq_dec_fp4x8(raw[u][2 * mt][bl], (MA), qa);                                                                \
-        wq_dec_fp4x8(raw[u][2 * mt + 1][bl], (MB), qb);                                                            \
+        if constexpr (NT == 1) {                                                                                   \
+            wq_dec_fp4x8(wa, ma, qa);                                                                              \
+            wq_dec_fp4x8(wb, mb, qb);                                                                              \
+        } else {                                                                                                   \
+            wq_dec_fp4_half(wa, ma, 1, qa);                                                                        \
+            wq_dec_fp4_half(wb, mb, 1, qb);                                                                        \
+        }                                                                                                          \
         _Pragma("unroll") for (int j = 0; j < NT; j++) if (j == 0 || two) {                                       \
             part[j][mt][0] = part[j][mt][1] = part[j][mt][2] = part[j][mt][3] = 0.0f;                              \
             g_mma_bf16(part[j][mt], qa[3], qb[3], qa[2], qb[2], bwj[j][4 * bl], bwj[j][4 * bl + 1]);               \
-            g_mma_bf16(part[j][mt], qa[1], qb[1], qa[0], qb[0], bwj[j][4 * bl + 2], bwj[j][4 * bl + 3]);           \
         }                                                                                                          \
+        if constexpr (NT > 1) {                                                                                    \
+            wq_dec_fp4_half(wa, ma, 0, qa);                                                                        \
+            wq_dec_fp4_half(wb, mb, 0, qb);                                                                        \
+        }                                                                                                          \
+        _Pragma("unroll") for (int j = 0; j < NT; j++) if (j == 0 || two)                                         \
+            g_mma_bf16(part[j][mt], qa[1], qb[1], qa[0], qb[0], bwj[j][4 * bl + 2], bwj[j][4 * bl + 3]);           \
     } while (0)
 // CL: the gridDim.z splits of an n band are one cluster and sum their partials in distributed
 // shared memory (part NULL); its own instance, so the plain one's registers stay as they were

@@ -1,7 +1,7 @@
 #!/usr/bin/python3
 # fp4shift_model.py: host-side model of the fp4 tile layout and rotate-permute decode of
-# gpu/k_wq.cu (wq_col_of4, wq_fp4_bit, wq_dec_fp4x8, wq_dec_fp4_one, wq_mul_fp4, wq_big_fp4,
-# g_wq_tile_kernel). Checks, without a GPU:
+# gpu/k_wq.cu (wq_col_of4, wq_fp4_bit, wq_dec_fp4x8, wq_dec_fp4_half, wq_dec_fp4_one, wq_mul_fp4,
+# wq_big_fp4, g_wq_tile_kernel). Checks, without a GPU:
 #  - the layout: wq_col_of4 is a permutation of each 64-column tile row, and for every thread
 #    (lane % 4 = c) and word w of its 8 bytes, wq_dec_fp4x8's pairs (element 3-t low, 7-t high) are
 #    the mma/wgmma A registers of k-steps 2w (q[3] = a0/a1: columns 16s + 2c, +1; q[2] = a2/a3:
@@ -53,6 +53,9 @@ def dec_fp4x8(T):   # wq_dec_fp4x8 before the multiply: q[0..3]
 def dec_one(T, t):   # wq_dec_fp4_one
     rl, rh = (rotl(T, 1), T) if t < 2 else (rotl(T, 3), rotl(T, 6))
     return prmt(rl, rh, SEL_HI if t & 1 else SEL_LO) & MASK
+def dec_half(T, h):   # wq_dec_fp4_half: q[2h], q[2h + 1] (the decode kernel's 16-row instance)
+    rl, rh = (rotl(T, 3), rotl(T, 6)) if h else (rotl(T, 1), T)
+    return [prmt(rl, rh, SEL_LO) & MASK, prmt(rl, rh, SEL_HI) & MASK]
 def dec_shift(W, t):   # the nibble layout's decode (sessions 1-27), for comparison
     y = ((W << (4 * t)) & M32) & 0xF000F000
     return (y | (y >> 6)) & MASK
@@ -65,6 +68,7 @@ for W in words:
     for t in range(4):
         assert q[t] == dec_shift(W, t), (hex(W), t)
         assert dec_one(tile_word(W), t) == q[t], (hex(W), t)
+    assert dec_half(tile_word(W), 0) + dec_half(tile_word(W), 1) == q, hex(W)
 print("bit scatter ok (%d words)" % len(words))
 E2M1 = [0.0, .5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0]
 def mul_fp4(e): return 2.0 ** (min(e, 128) - 1)
