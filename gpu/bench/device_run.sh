@@ -2,7 +2,7 @@
 # device_run.sh: build the GPU parts, run the GPU tests (plus compute-sanitizer)
 # and the benchmark on a machine with a GPU, in one go. Run from the repo root:
 #   gpu/bench/device_run.sh [tests] [memcheck] [racecheck] [bench] [quickbench] [torch]
-#                           [check] [oracle] [parity] [serve] [oracledump] [resident] [decodebench] [wq]
+#                           [check] [oracle] [parity] [serve] [oracledump] [resident] [decodebench] [wq] [ab]
 # The kernel library, its tests and the standalone benchmark are always built;
 # check/oracle/parity/serve also build the harness and every test program
 # (FULL=1 builds them up front).
@@ -160,6 +160,34 @@ PY
      done
      ./gpu/bench/v41_gpu_bench --only wq --json "$OUT/profile-wq.json" > "$OUT/bench-wq.log" 2>&1
      echo "wq bench rc=$?"; grep -E "^(wq|moe|gemm)|ceilings" "$OUT/bench-wq.log" | cut -c1-150 ;;
+  ab) # A/B in one session: the current tree (A) against the same tree with the files under AB_OLD
+     # (default ab-old/, laid out as the tree: e.g. ab-old/gpu/k_wq.cu from `git show REV:gpu/k_wq.cu`;
+     # an untracked folder travels with the working tree), built in /tmp/v41-ab; then AB_PASSES
+     # (default 3) alternating passes A, B, A, B, ... of v41_gpu_bench with AB_BENCH (default
+     # "--only moe,wq --match moe_fp4 --reps 7"); each pass's JSON and log in $OUT/ab/, the table of
+     # gpu/bench/ab_summary.py in $OUT/ab.txt and $OUT/ab.json
+     D=${AB_OLD:-$TOP/ab-old}; W=/tmp/v41-ab; mkdir -p "$OUT/ab"
+     if [ ! -d "$D" ] || [ -z "$(cd "$D" && find . -type f)" ]; then echo "ab: no files under $D to build the B side from"; continue; fi
+     miss=$(cd "$D" && find . -type f | while read -r f; do [ -f "$TOP/$f" ] || echo "$f"; done)
+     if [ -n "$miss" ]; then echo "ab: not files of the tree: $miss"; continue; fi
+     rm -rf "$W" && mkdir -p "$W"
+     (cd "$TOP" && tar --exclude=./build-dev --exclude=./deps/root --exclude=./.git --exclude="./${D#$TOP/}" -cf - .) | (cd "$W" && tar xf -)
+     (cd "$D" && find . -type f) | while read -r f; do cp "$D/$f" "$W/$f"; done
+     (cd "$D" && find . -type f) | sed 's/^/ab: B side takes /'
+     mkdir -p "$W/build-ab"
+     if ! (cd "$W/build-ab" && ../configure --with-cuda -q && make -j"$J" gpu/bench/v41_gpu_bench) > "$OUT/ab/build.log" 2>&1; then
+       echo "ab: the B build failed"; grep -E "error|Error" "$OUT/ab/build.log" | head -20; continue
+     fi
+     for p in $(seq 1 "${AB_PASSES:-3}"); do
+       for side in a b; do
+         B=./gpu/bench/v41_gpu_bench; [ $side = b ] && B=$W/build-ab/gpu/bench/v41_gpu_bench
+         $B ${AB_BENCH:---only moe,wq --match moe_fp4 --reps 7} --json "$OUT/ab/$side$p.json" > "$OUT/ab/$side$p.log" 2>&1
+         echo "ab pass $p $side rc=$?"
+       done
+     done
+     if ls "$OUT"/ab/a*.json >/dev/null 2>&1 && ls "$OUT"/ab/b*.json >/dev/null 2>&1; then
+       python3 "$TOP/gpu/bench/ab_summary.py" --json "$OUT/ab.json" --a "$OUT"/ab/a*.json --b "$OUT"/ab/b*.json | tee "$OUT/ab.txt"
+     else echo "ab: a side has no profile (see $OUT/ab/*.log)"; fi ;;
   torch) (cd "$TOP" && PYTHONUNBUFFERED=1 python3 gpu/bench/torch_layer.py --json "$OUT/torch.json") > "$OUT/torch.log" 2>&1; echo "torch rc=$?"; tail -15 "$OUT/torch.log" ;;
   esac
   echo "$what: $(( $(date +%s) - t0 )) s"
