@@ -27,19 +27,21 @@
 // one 16-byte (fp8) or 8-byte (fp4) shared-memory load gives it all four k-steps of a row.
 //  - fp8: position p = 16c + 4s + j holds column 16s + 2c + (j & 1) + 8 (j >> 1) (c, s, j = 0..3):
 //    byte j of 32-bit word s is k-step s.
-//  - fp4: nibble j (0..7) of 32-bit word w of thread c's 8 bytes (position p = 16c + 8w + j) holds
+//  - fp4: element j (0..7) of 32-bit word w of thread c's 8 bytes (position p = 16c + 8w + j) holds
 //    column 16 (2w + ((j >> 1) & 1)) + 2c + ((j >> 2) & 1) + 8 (j & 1): word w is k-steps 2w and
-//    2w + 1, which is scale block 2kt + w, and nibbles j and j + 4 are the column pairs one A
-//    register holds (what the shift decode below yields).
+//    2w + 1, which is scale block 2kt + w, and elements j and j + 4 are the column pairs one A
+//    register holds. The word does not keep element j as nibble j: its 4 bits are scattered
+//    (wq_fp4_bit, session 28) for the rotate-permute decode below.
 //
 // Dequantization in registers:
 //  - fp8: a byte permute puts each code in the high byte of a 16-bit lane (sign at bit 15) and its
 //    7 magnitude bits shift down to bf16 bits 4..10: the bf16 number code * 2^-120 exactly, subnormal
 //    codes included (as bf16 subnormals); one bf16x2 multiply by 2^(e-7) gives code * 2^(e-127)
 //    exactly (a normal bf16 for e in [10, 134]). About 2.5 instructions per element.
-//  - fp4: shifts and masks put the code's magnitude bits at bf16 bits 8..6 and its sign at bit 15,
-//    the bf16 number code * 2^-126 exactly; one bf16x2 multiply by 2^(e-1) then gives
-//    code * 2^(e-127) exactly (e > 128 takes a second multiply). 20 instructions per 8 elements.
+//  - fp4: rotations, byte permutes and masks put the code's magnitude bits at bf16 bits 8..6 and
+//    its sign at bit 15, the bf16 number code * 2^-126 exactly; one bf16x2 multiply by 2^(e-1) then
+//    gives code * 2^(e-127) exactly (e > 128 takes a second multiply). 15 instructions per 8
+//    elements (wq_dec_fp4x8).
 // Small M: the k range is split over CTAs (gridDim.z) when there are too few CTAs for the SMs;
 // each split writes fp32 partials and a second kernel sums them in split order (deterministic).
 // That kernel is a programmatic dependent launch (g_launch_pdl): it may start once every GEMM CTA
@@ -53,6 +55,7 @@
 // offsets are read on the device, so a call never waits for the host.
 #include "g_internal.cuh"
 #include "k_attn_wgmma.cuh"
+#include "k_wq_layout.h"
 #include "k_wq_wgmma.cuh"
 #include <algorithm>
 #include <cooperative_groups.h>
@@ -80,15 +83,8 @@ struct wq_args {
 __host__ __device__ constexpr int wq_wrow(int fmt) { return fmt == V41G_WQ_FP8 ? 64 : 32; }   /* code bytes per row per k tile */
 // pipeline depth: small activation tiles (decode) leave room for more weight tiles in flight
 __host__ __device__ constexpr int wq_stages(int bm) { return bm <= 16 ? 6 : 4; }
-// column of tile-row position p (the A-fragment permutations above; fp8 and fp4), and fp8's inverse
-__host__ __device__ constexpr int wq_col_of4(int p)
-{
-    return 16 * (2 * ((p >> 3) & 1) + ((p >> 1) & 1)) + 2 * (p >> 4) + ((p >> 2) & 1) + 8 * (p & 1);
-}
-__host__ __device__ constexpr int wq_pos_of(int k)
-{
-    return 16 * ((k & 7) >> 1) + 4 * (k >> 4) + 2 * ((k >> 3) & 1) + (k & 1);
-}
+// wq_col_of4 (column of tile-row position p, fp8 and fp4), wq_pos_of (fp8's inverse) and the fp4
+// bit scatter wq_fp4_bit are in k_wq_layout.h, which the host tests compile too
 
 // prmt.b32 of u and 0 with selector sel in PTX's generic mode: a selector nibble with bit 3 set
 // gives the sign of the selected byte replicated over the byte (0xFF or 0x00). ptxas folds a
@@ -142,20 +138,7 @@ __device__ __forceinline__ uint32_t wq_hmul2(uint32_t a, uint32_t b)
 // searched. With the fp4 tile
 // layout, word w of a thread's row gives its A registers of k-steps 2w (q[3]: a0/a1, q[2]: a2/a3)
 // and 2w + 1 (q[1], q[0]). gpu/bench/fp4shift_model.py models both sides.
-// Pair t of the word (elements 3 - t and 7 - t): bytes 2 (t % 2) and 2 (t % 2) + 1 of rotation
-// rL(t) = 1 (t < 2) or 3 give their (m, e0) bytes, the same bytes of rotation rH(t) = 0 or 6 their
-// (e1, sign) bytes.
-__host__ __device__ constexpr int wq_fp4_bit(int j, int k)
-{
-    const int t = j < 4 ? 3 - j : 7 - j;              /* element j's pair */
-    const int b = 2 * (t & 1) + (j < 4 ? 0 : 1);      /* its byte in both rotations (lane 0: the first) */
-    const int rl = t < 2 ? 1 : 3, rh = t < 2 ? 0 : 6; /* the rotations of its (m, e0) and (e1, sign) bytes */
-    const int at[4] = {6 - rl, 7 - rl, -rh, 7 - rh};  /* bit k's place in byte b, before the rotation */
-    return (8 * b + at[k]) & 31;
-}
-#define WQ_FP4_SEL_LO 0x5140u   /* prmt: bytes 0 (rL), 0 (rH), 1 (rL), 1 (rH) */
-#define WQ_FP4_SEL_HI 0x7362u   /* bytes 2, 2, 3, 3 */
-#define WQ_FP4_MASK 0x81C081C0u /* sign at bit 15, magnitude at bits 8..6, both halves */
+// wq_fp4_bit, WQ_FP4_SEL_LO/HI and WQ_FP4_MASK: k_wq_layout.h.
 __device__ __forceinline__ uint32_t wq_fp4_pair(uint32_t rl, uint32_t rh, uint32_t sel, uint32_t mul)
 {
     uint32_t d;

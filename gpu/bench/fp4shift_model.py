@@ -13,8 +13,14 @@
 #    bf16 bits (sign at 15, magnitude at 8..6) times 2^(min(e,128)-1), then for e > 128 times
 #    2^(e-128), each product rounded to bf16 as the hardware's bf16x2 multiply rounds it, equal
 #    the bf16 rounding of code * 2^(e-127) (what ref's fp32 product gives; the sign of zero too).
+#  - with --c-layout FILE (the output of tests/wq_layout_dump, which compiles gpu/k_wq_layout.h on
+#    the host): that the C functions wq_col_of4, wq_pos_of, wq_fp4_bit and the constants
+#    WQ_FP4_SEL_LO/HI, WQ_FP4_MASK the kernels use give exactly this model's values, so the model's
+#    proofs hold for the kernels' layout (tests/test_fp4_layout.sh passes it in make check);
+#  - wq_pos_of (the decode kernel's activation staging) inverts the fp8 position map.
 # Mirrors the kernel's formulas; run it after changing either side. Exit 0 when all hold.
 import math
+import sys
 from bf16_model import bf16_val, bf16_round
 
 def col_of4(p):   # tile-row position p = 16c + 8w + j -> column
@@ -32,6 +38,13 @@ for c in range(4):
 # g_wq_tile_kernel: the word of bytes 8c + 4w .. + 3 (little-endian) of a tile row holds the
 # elements j = 0..7 at positions 2 (8c + 4w) + j = 16c + 8w + j, the positions checked above
 print("layout ok")
+
+def pos_of(k):   # wq_pos_of: fp8 tile-row position of column k (thread c's B words: k-step s at 16c + 4s)
+    return 16 * ((k & 7) >> 1) + 4 * (k >> 4) + 2 * ((k >> 3) & 1) + (k & 1)
+def col8(p):   # fp8 position p = 16c + 4s + j -> column 16s + 2c + (j & 1) + 8 (j >> 1)
+    c, st, j = p >> 4, (p >> 2) & 3, p & 3
+    return 16 * st + 2 * c + (j & 1) + 8 * (j >> 1)
+assert all(pos_of(col8(p)) == p for p in range(64))
 
 M32 = 0xFFFFFFFF
 def wq_fp4_bit(j, k):   # as the C constexpr: element j's pair t, lane, byte m, rotations rL, rH
@@ -90,3 +103,17 @@ for W in [0x76543210, 0xFEDCBA98, 0x89ABCDEF, 0x01234567, 0x10325476, 0x98BADCFE
 print("decode ok (%d code x scale pairs)" % checked)
 # g_wq_dequant_kernel decodes pair 3 - j0 of each word (j0 = 2 (s % 2) + h): checked with
 # dec_one above
+
+if len(sys.argv) == 3 and sys.argv[1] == "--c-layout":
+    want = {"col_of4": [col_of4(p) for p in range(64)], "pos_of": [pos_of(k) for k in range(64)],
+            "fp4_bit": [wq_fp4_bit(j, k) for j in range(8) for k in range(4)], "fp4_sel": [SEL_LO, SEL_HI, MASK]}
+    got = {}
+    with open(sys.argv[2]) as f:
+        for line in f:
+            name, *vals = line.split()
+            got[name] = [int(v, 0) for v in vals]
+    for name in want:
+        assert got.get(name) == want[name], "k_wq_layout.h's %s differs from the model: %s, model %s" % (name, got.get(name), want[name])
+    print("C layout ok (%s)" % ", ".join(sorted(want)))
+elif len(sys.argv) != 1:
+    sys.exit("usage: fp4shift_model.py [--c-layout FILE]")
