@@ -51,6 +51,8 @@ if [ "${FULL:-0}" = 1 ]; then
     || { grep -E "error|Error" "$OUT/build.log" | head -40; tail -20 "$OUT/build.log"; exit 1; }
 fi
 echo "build: $(( $(date +%s) - t0 )) s"
+# this machine's ptxas report of every kernel (registers, spills; nvcc may differ from the dev machine's)
+(cd build-dev && "$(sed -n 's/^NVCC = //p' Makefile)" --version 2>/dev/null | tail -n 2; make -s ptxas-report) > "$OUT/ptxas.txt" 2>&1
 # merge_steps OUT IN...: one serve-trace JSON whose steps are those of every IN (the first IN's header)
 merge_steps() {
   python3 - "$@" <<'PY'
