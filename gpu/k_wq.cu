@@ -153,7 +153,9 @@ __device__ __forceinline__ void wq_dec_fp4x8(uint32_t W, uint32_t mul, uint32_t 
     q[2] = wq_fp4_pair(r3, r6, WQ_FP4_SEL_LO, mul);
     q[3] = wq_fp4_pair(r3, r6, WQ_FP4_SEL_HI, mul);
 }
-// half h of wq_dec_fp4x8: q[2h] and q[2h + 1] (h = 1: rotations 3 and 6; h = 0: 1 and the word)
+// half h of wq_dec_fp4x8: q[2h] and q[2h + 1] (h = 1: rotations 3 and 6; h = 0: 1 and the word).
+// (wq_dec_fp4x8 as two calls of it computes the same values but changes the PTX of 13 measured
+// kernels, the tiled ones included; session 29 kept their code as measured.)
 __device__ __forceinline__ void wq_dec_fp4_half(uint32_t W, uint32_t mul, int h, uint32_t (&q)[4])
 {
     const uint32_t rl = __funnelshift_l(W, W, h ? 3 : 1), rh = h ? __funnelshift_l(W, W, 6) : W;

@@ -169,13 +169,13 @@ PY
      # "--only moe,wq --match moe_fp4 --reps 7"); each pass's JSON and log in $OUT/ab/, the table of
      # gpu/bench/ab_summary.py in $OUT/ab.txt and $OUT/ab.json
      D=${AB_OLD:-$TOP/ab-old}; W=/tmp/v41-ab; mkdir -p "$OUT/ab"
-     if [ ! -d "$D" ] || [ -z "$(cd "$D" && find . -type f)" ]; then echo "ab: no files under $D to build the B side from"; continue; fi
-     miss=$(cd "$D" && find . -type f | while read -r f; do [ -f "$TOP/$f" ] || echo "$f"; done)
+     files=$([ -d "$D" ] && cd "$D" && find . -type f)
+     if [ -z "$files" ]; then echo "ab: no files under $D to build the B side from"; continue; fi
+     miss=$(printf '%s\n' "$files" | while read -r f; do [ -f "$TOP/$f" ] || echo "$f"; done)
      if [ -n "$miss" ]; then echo "ab: not files of the tree: $miss"; continue; fi
      rm -rf "$W" && mkdir -p "$W"
      (cd "$TOP" && tar --exclude=./build-dev --exclude=./deps/root --exclude=./.git --exclude="./${D#$TOP/}" -cf - .) | (cd "$W" && tar xf -)
-     (cd "$D" && find . -type f) | while read -r f; do cp "$D/$f" "$W/$f"; done
-     (cd "$D" && find . -type f) | sed 's/^/ab: B side takes /'
+     printf '%s\n' "$files" | while read -r f; do cp "$D/$f" "$W/$f"; echo "ab: B side takes $f"; done
      mkdir -p "$W/build-ab"
      if ! (cd "$W/build-ab" && ../configure --with-cuda -q && make -j"$J" gpu/bench/v41_gpu_bench) > "$OUT/ab/build.log" 2>&1; then
        echo "ab: the B build failed"; grep -E "error|Error" "$OUT/ab/build.log" | head -20; continue

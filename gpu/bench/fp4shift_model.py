@@ -23,6 +23,9 @@ import math
 import sys
 from bf16_model import bf16_val, bf16_round
 
+if not (len(sys.argv) == 1 or (len(sys.argv) == 3 and sys.argv[1] == "--c-layout")):
+    sys.exit("usage: fp4shift_model.py [--c-layout FILE]")
+
 def col_of4(p):   # tile-row position p = 16c + 8w + j -> column
     return 16 * (2 * ((p >> 3) & 1) + ((p >> 1) & 1)) + 2 * (p >> 4) + ((p >> 2) & 1) + 8 * (p & 1)
 
@@ -104,7 +107,7 @@ print("decode ok (%d code x scale pairs)" % checked)
 # g_wq_dequant_kernel decodes pair 3 - j0 of each word (j0 = 2 (s % 2) + h): checked with
 # dec_one above
 
-if len(sys.argv) == 3 and sys.argv[1] == "--c-layout":
+if len(sys.argv) == 3:   # --c-layout FILE
     want = {"col_of4": [col_of4(p) for p in range(64)], "pos_of": [pos_of(k) for k in range(64)],
             "fp4_bit": [wq_fp4_bit(j, k) for j in range(8) for k in range(4)], "fp4_sel": [SEL_LO, SEL_HI, MASK]}
     got = {}
@@ -115,5 +118,3 @@ if len(sys.argv) == 3 and sys.argv[1] == "--c-layout":
     for name in want:
         assert got.get(name) == want[name], "k_wq_layout.h's %s differs from the model: %s, model %s" % (name, got.get(name), want[name])
     print("C layout ok (%s)" % ", ".join(sorted(want)))
-elif len(sys.argv) != 1:
-    sys.exit("usage: fp4shift_model.py [--c-layout FILE]")
