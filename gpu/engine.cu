@@ -277,7 +277,7 @@ void gh_destroy(v41_engine *e)
     const v41_engine_vtbl *ref = g->ref;
     e->vt = ref;
     ref->destroy(e);
-    if (getenv("V41_GPU_VERBOSE"))
+    if (g_env_flag("V41_GPU_VERBOSE"))
         fprintf(stderr, "gpu engine: %ld Linears on the device, %ld on the host, %.1f MiB of weights uploaded "
                 "(%ld kept fp8/fp4); "
                 "%ld attention rows on the device, %ld on the host; %ld small ops on the device, %ld on the host; "
@@ -831,7 +831,7 @@ extern "C" int v41_gpu_engine_create(const v41_model *m, const v41_engine_opts *
         gh_destroy(e);
         return rc;
     }
-    if (!g->dev && why && getenv("V41_GPU_VERBOSE"))
+    if (!g->dev && why && g_env_flag("V41_GPU_VERBOSE"))
         fprintf(stderr, "gpu engine: device-resident decode off: %s\n", why);
     *out = e;
     return V41_OK;

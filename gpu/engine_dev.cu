@@ -845,7 +845,7 @@ void gd_report(const gd_ctx *g)
 void gd_destroy(gd_ctx *g)
 {
     if (!g) return;
-    if (getenv("V41_GPU_VERBOSE")) gd_report(g);
+    if (g_env_flag("V41_GPU_VERBOSE")) gd_report(g);
     drop_graphs(g);
     if (g->act) cudaFree(g->act);
     if (g->d_step) cudaFree(g->d_step);
@@ -865,8 +865,7 @@ int gd_create(v41_engine *e, gd_ctx **out, const char **why, v41_err *err)
 {
     *out = nullptr;
     *why = nullptr;
-    const char *env = getenv("V41_GPU_RESIDENT");
-    if (env && !strcmp(env, "0")) { *why = "V41_GPU_RESIDENT=0"; return V41_OK; }
+    if (!v41_env_flag("V41_GPU_RESIDENT", 1)) { *why = "V41_GPU_RESIDENT=0"; return V41_OK; }
     ref_engine *E = (ref_engine *)e;
     const v41_config *c = E->cfg;
     if (!E->emu) { *why = "fp32 precision (the device path implements emulate mode)"; return V41_OK; }
@@ -890,7 +889,7 @@ int gd_create(v41_engine *e, gd_ctx **out, const char **why, v41_err *err)
     g->S = E->max_seq;
     g->slots = E->nslots;
     g->sync.assign((size_t)g->slots, slot_sync());
-    g->use_graph = !(getenv("V41_GPU_GRAPH") && !strcmp(getenv("V41_GPU_GRAPH"), "0"));
+    g->use_graph = v41_env_flag("V41_GPU_GRAPH", 1) != 0;
     g->Ktop = c->index_topk;
     g->ew = E->eh ? v41_engram_hash_width(E->eh) : 0;
     g->ne = c->n_engram_layers;
@@ -1180,7 +1179,7 @@ int run_step(gd_ctx *g, v41_engine *e, const v41_batch *b, const int *slot, v41_
                 cudaGetLastError();
                 if (exec) cudaGraphExecDestroy(exec);
                 g->graph_broken = true;
-                if (getenv("V41_GPU_VERBOSE"))
+                if (g_env_flag("V41_GPU_VERBOSE"))
                     fprintf(stderr, "gpu engine (device path): graph capture failed (%s); launching directly\n",
                             r2 ? e2.msg : cudaGetErrorString(ce));
             } else {

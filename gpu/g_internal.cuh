@@ -8,13 +8,11 @@
 #include <stdlib.h>
 #include <utility>
 #include "v41_gpu.h"
+#include "v41_env.h"
 
-// A switch read from the environment (at every call): set, non-empty and not starting with '0'.
-static inline bool g_env_flag(const char *name)
-{
-    const char *env = getenv(name);
-    return env && env[0] && env[0] != '0';
-}
+// A switch read from the environment (at every call; ref/v41_env.h lists them): 1 on, 0, unset or
+// empty off; any other value is reported and exits with status 2.
+static inline bool g_env_flag(const char *name) { return v41_env_flag(name, 0) != 0; }
 
 // Return the CUDA error of the last launch (or call) from an entry point.
 #define G_CHECK(call) do { cudaError_t e_ = (call); if (e_ != cudaSuccess) { \

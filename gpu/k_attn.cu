@@ -930,8 +930,8 @@ extern "C" int v41g_sparse_attn(const uint16_t *q, const uint16_t *kv_a, const u
         // waves, else one; V41_ATTN_DEPTH=1 or 2 forces it (read at every call: test_attn_depth and
         // the benchmark's A/B)
         const long ctas = (long)T * tiles * NS;
-        const char *dv = getenv("V41_ATTN_DEPTH");
-        const bool deep = dv && (dv[0] == '1' || dv[0] == '2') && !dv[1] ? dv[0] == '2' : ctas <= (long)AW_DEEP_WAVES * nsm;
+        const long dv = v41_env_long("V41_ATTN_DEPTH", 0);
+        const bool deep = dv ? dv == 2 : ctas <= (long)AW_DEEP_WAVES * nsm;
         auto kern = deep ? g_sparse_attn_wgmma_kernel<true> : g_sparse_attn_wgmma_kernel<false>;
         G_CHECK(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sm));
         G_CHECK(cudaFuncSetAttribute(kern, cudaFuncAttributePreferredSharedMemoryCarveout, 100));

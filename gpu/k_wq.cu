@@ -1169,13 +1169,11 @@ int split_for(const v41g_wq *W, int M, bool wg, size_t ws_bytes, int *kps)
     // tuning on another GPU; rounded to whole k tiles a split, fewer where the partials would not
     // fit ws. The sum order, so the output bits, follow the split count. (The decode kernel's dense
     // calls, split_gemv, take it too, rounded to whole groups of 4 k tiles a split.)
-    if (const char *e = getenv("V41_WQ_SPLITS")) {
-        int n = std::min(atoi(e), KT);
-        if (n >= 1) {
-            while (n > 1 && per * n > ws_bytes) n--;
-            *kps = (KT + n - 1) / n;
-            return (KT + *kps - 1) / *kps;
-        }
+    if (const long e = v41_env_long("V41_WQ_SPLITS", 0)) {
+        int n = (int)std::min<long>(e, KT);
+        while (n > 1 && per * n > ws_bytes) n--;
+        *kps = (KT + n - 1) / n;
+        return (KT + *kps - 1) / *kps;
     }
     int sp = 1;
     double best = -1;
@@ -1223,8 +1221,8 @@ int split_gemv(const v41g_wq *W, int M, size_t ws_bytes, int *kps, bool *cl)
     const long ctas = (W->N + WQ_BN - 1) / WQ_BN, want = 4L * g_num_sms();
     const size_t per = sizeof(float) * (size_t)M * W->N;
     int sp = (int)std::min<long>(std::max(1, KT / 4), (want + ctas - 1) / ctas);
-    if (const char *e = getenv("V41_WQ_SPLITS"))   /* as in split_for (k ranges of whole groups here) */
-        if (atoi(e) >= 1) sp = std::min(atoi(e), KT);
+    if (const long e = v41_env_long("V41_WQ_SPLITS", 0))   /* as in split_for (k ranges of whole groups here) */
+        sp = (int)std::min<long>(e, KT);
     auto kps_of = [&](int n) { return ((KT + n - 1) / n + 3) / 4 * 4; };   /* whole groups of 4 tiles */
     *kps = kps_of(sp);
     sp = (KT + *kps - 1) / *kps;   /* so every split has tiles (the cluster sum needs every rank) */
@@ -1239,11 +1237,7 @@ int split_gemv(const v41g_wq *W, int M, size_t ws_bytes, int *kps, bool *cl)
 // V41_WQ_GEMV16=0 (read at every call; A/B runs and the tests): grouped calls of 5..8 rows a group on
 // average take the decode kernel with 8 rows a pass (its rows staged for the whole k range at
 // once), as before session 24, instead of 16 in chunks
-bool gemv16()
-{
-    const char *e = getenv("V41_WQ_GEMV16");
-    return !(e && e[0] == '0' && !e[1]);
-}
+bool gemv16() { return v41_env_flag("V41_WQ_GEMV16", 1) != 0; }
 // k tiles a staged chunk of xr rows, for kt tiles: the fewest chunks that keep the staged rows of a
 // CTA within a quarter (fp4) or a third (fp8) of an SM's shared memory, the CTAs an SM that the
 // NT = 2 instance's registers allow (fp4: 128 with 2 weight tiles in flight a warp; H200, session
@@ -1319,14 +1313,7 @@ int launch(int fmt, int bm, dim3 grid, const wq_args &a, cudaStream_t st, bool w
 // Tail rows of the wgmma kernel's 64-row m tiles in grouped calls (g_wq_wgmma_kernel's TL): a
 // group's last 65..64 + TL rows in one pass over its weights. V41_WQ_TAIL=0, 8 or 16 (read at
 // every call; A/B runs and the tests) overrides the default 16.
-int tail_rows()
-{
-    if (const char *e = getenv("V41_WQ_TAIL")) {
-        const int n = atoi(e);
-        if (n == 0 || n == 8 || n == 16) return n;
-    }
-    return 16;
-}
+int tail_rows() { return (int)v41_env_long("V41_WQ_TAIL", 16); }
 
 wq_args args_of(const v41g_wq *W, const uint16_t *x, int M, void *y, int out_f32)
 {

@@ -2,6 +2,7 @@
  * `v41 COMMAND --help` describes each. */
 #include "config.h"
 #include "v41_cli.h"
+#include "v41_env.h"
 #include <string.h>
 #include <unistd.h>
 
@@ -37,7 +38,8 @@ static void usage(FILE *f)
                "commands:\n", PACKAGE_VERSION);
     for (size_t i = 0; i < NCMDS; i++) fprintf(f, "  %-14s %s\n", cmds[i].name, cmds[i].summary);
     fprintf(f, "\nMODEL arguments are `tiny` (the built-in model, default) or a checkpoint directory.\n"
-               "`v41 COMMAND --help` describes a command. Exit status: 0 ok/same, 1 different, 2 error.\n");
+               "`v41 COMMAND --help` describes a command; `v41 help env` lists the environment variables\n"
+               "v41 reads. Exit status: 0 ok/same, 1 different, 2 error.\n");
 }
 
 int main(int argc, char **argv)
@@ -46,6 +48,10 @@ int main(int argc, char **argv)
     const char *c = argv[1];
     if (!strcmp(c, "help") || !strcmp(c, "--help") || !strcmp(c, "-h")) {
         if (argc > 2) {
+            if (!strcmp(argv[2], "env")) {
+                v41_env_print(stdout);
+                return 0;
+            }
             for (size_t i = 0; i < NCMDS; i++)
                 if (!strcmp(cmds[i].name, argv[2])) {
                     char *hv[] = {argv[2], "--help", NULL};
@@ -57,7 +63,11 @@ int main(int argc, char **argv)
     }
     if (!strcmp(c, "--version")) c = "version";
     for (size_t i = 0; i < NCMDS; i++)
-        if (!strcmp(cmds[i].name, c)) return cmds[i].fn(argc - 1, argv + 1);
+        if (!strcmp(cmds[i].name, c)) {
+            /* the V41_* switches, before any work (a bad one would otherwise stop a command midway) */
+            if (v41_env_check()) return 2;
+            return cmds[i].fn(argc - 1, argv + 1);
+        }
     fprintf(stderr, "v41: unknown command '%s' (see `v41 help`)\n", c);
     return 2;
 }

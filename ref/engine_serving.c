@@ -20,6 +20,7 @@
  * Trimmed: replay on, query_len > W, and none of prompt_logprobs, all_logits
  * (every row's logits asked for = prompt logprobs), verify, decode. */
 #include "config.h"
+#include "v41_env.h"
 #include "engine_serving.h"
 #include <stdlib.h>
 #include <string.h>
@@ -234,11 +235,7 @@ int v41_srv_force_fetch(ref_engine *E, v41_tap_source *f, const char *name, v41_
 
 int v41_srv_default_align(const ref_engine *E)
 {
-    const char *s = getenv("V41_DSPARK_ALIGN");
-    if (s && *s) {
-        char *end;
-        long v = strtol(s, &end, 10);
-        if (!*end && v > 0 && v <= 4096) return (int)v;
-    }
+    const long a = v41_env_long("V41_DSPARK_ALIGN", 0);
+    if (a) return (int)a;
     return E->inj[INJ_DSPARK_PADDING_COUNTED][V41_MAX_LAYERS] ? 64 : 0;
 }

@@ -11,6 +11,7 @@
  * OpenMP threads split column chunks only; no reduction is ever split. */
 #include "config.h"
 #include "v41_ops.h"
+#include "v41_env.h"
 #include <cblas.h>
 #include <math.h>
 #include <stdlib.h>
@@ -308,15 +309,9 @@ static const int mode_widths[2] = {1, V41_GEMM_MT};
 static int tile_mode = 1;
 static pthread_once_t probe_once = PTHREAD_ONCE_INIT;
 
-static bool env_on(const char *name)
-{
-    const char *ev = getenv(name);
-    return ev && *ev && strcmp(ev, "0");
-}
-
 static void probe_tiles(void)
 {
-    if (env_on("V41_GEMM_ONE_COLUMN")) { tile_mode = 0; return; }
+    if (v41_env_flag("V41_GEMM_ONE_COLUMN", 0)) { tile_mode = 0; return; }
     const int MT = V41_GEMM_MT;
     const int ncs[] = {7, 24, 64, 256}, Ks[] = {32, 64, 512, 1280, 2304, 5120};
     uint32_t seed = 1;
@@ -819,7 +814,7 @@ static void attn_check(void)
 {
 #ifdef V41_HAVE_AVX2_DQ
     __builtin_cpu_init();
-    if (!__builtin_cpu_supports("avx2") || env_on("V41_ATTN_C")) return;
+    if (!__builtin_cpu_supports("avx2") || v41_env_flag("V41_ATTN_C", 0)) return;
     const int H = 3, n = 150, ds[] = {512, 75, 8};
     bool ok = true;
     uint32_t seed = 7;
