@@ -4,6 +4,7 @@
 #include "v41_cli.h"
 #include "v41_sim.h"
 #include <errno.h>
+#include <limits.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -83,12 +84,11 @@ static int parse_bytes(const char *s, double *out)
     return 0;
 }
 
+/* a whole number >= lo (v41_cli_parse_int, the parser of every command's integer options) */
 static int parse_i64(const char *s, int64_t lo, int64_t *out)
 {
-    char *e;
-    errno = 0;
-    long long v = strtoll(s, &e, 10);
-    if (e == s || *e || errno || v < lo) return -1;
+    long v;
+    if (v41_cli_parse_int(s, (long)lo, LONG_MAX, &v)) return -1;
     *out = v;
     return 0;
 }
