@@ -121,8 +121,10 @@ static int scan_file(const char *path, char *missing, size_t cap)
             if (strncmp(name, "V41_", 4) || !end) continue;
             found++;
             if (!v41_env_find(name, (size_t)(end - name))) {
+                /* (a listing of what is missing: a long one may be cut, the failure stands) */
                 const size_t used = strlen(missing);
-                snprintf(missing + used, cap - used, "%s: %.*s\n", path, (int)(end - name), name);
+                if (cap - used > 1)
+                    snprintf(missing + used, cap - used, "%.300s: %.*s\n", path, (int)(end - name) & 127, name);
             }
         }
     return found;
