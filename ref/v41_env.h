@@ -78,7 +78,7 @@ static const v41_env_var v41_env_vars[] = {
 static inline const v41_env_var *v41_env_find(const char *name, size_t len)
 {
     for (size_t i = 0; i < V41_ENV_NVARS; i++)
-        if (strlen(v41_env_vars[i].name) == len && !strncmp(v41_env_vars[i].name, name, len)) return &v41_env_vars[i];
+        if (!strncmp(v41_env_vars[i].name, name, len) && !v41_env_vars[i].name[len]) return &v41_env_vars[i];
     return NULL;
 }
 
@@ -110,11 +110,12 @@ static inline void v41_env_accepts(const v41_env_var *v, char *buf, size_t n)
     else snprintf(buf, n, "a whole number in [%ld, %ld]", v->lo, v->hi);
 }
 
-static inline void v41_env_bad(const v41_env_var *v, const char *s)
+/* the error of a malformed value s of v (both the readers and the up-front check print it) */
+static inline void v41_env_bad(FILE *f, const v41_env_var *v, const char *s)
 {
     char acc[64];
     v41_env_accepts(v, acc, sizeof acc);
-    fprintf(stderr, "v41: environment variable %s='%s': expected %s; %s: %s\n", v->name, s, acc, v->name, v->what);
+    fprintf(f, "v41: environment variable %s='%s': expected %s; %s: %s\n", v->name, s, acc, v->name, v->what);
 }
 
 /* the value of variable name (in the table: a programming error otherwise, reported and exit 2):
@@ -130,7 +131,7 @@ static inline long v41_env_long(const char *name, long def)
     if (!s || !*s) return def;
     long x;
     if (!v41_env_parse(v, s, &x)) {
-        v41_env_bad(v, s);
+        v41_env_bad(stderr, v, s);
         exit(2);
     }
     return x;
@@ -138,8 +139,8 @@ static inline long v41_env_long(const char *name, long def)
 /* a switch: def when unset or empty, else 0 or 1 */
 static inline int v41_env_flag(const char *name, int def) { return (int)v41_env_long(name, def); }
 
-/* Check every V41_* variable of envp (a NULL-terminated "NAME=value" list): report each malformed value (an error) and each V41_* name not in the
- * table (a warning, to f). Returns the number of errors; callers exit with status 2 on nonzero. */
+/* Check every V41_* variable of envp (a NULL-terminated "NAME=value" list): report each
+ * malformed value (an error) and each V41_* name not in the table (a warning), to f. Returns the number of errors; callers exit with status 2 on nonzero. */
 static inline int v41_env_check_list(char *const *envp, FILE *f)
 {
     int bad = 0;
@@ -152,9 +153,7 @@ static inline int v41_env_check_list(char *const *envp, FILE *f)
             fprintf(f, "v41: warning: environment variable %.*s is not one v41 reads (misspelt? `v41 help env` lists them)\n",
                     (int)(eq - kv), kv);
         else if (eq[1] && !v41_env_parse(v, eq + 1, &x)) {
-            char acc[64];
-            v41_env_accepts(v, acc, sizeof acc);
-            fprintf(f, "v41: environment variable %s='%s': expected %s; %s: %s\n", v->name, eq + 1, acc, v->name, v->what);
+            v41_env_bad(f, v, eq + 1);
             bad++;
         }
     }
