@@ -693,13 +693,14 @@ __device__ __forceinline__ void wq_ld_stream(uint32_t *r, const uint8_t *p, int 
 }
 // g_wq_gemv_kernel's fp4 block step: rows 16mt + g and + 8 of tile slot u, k-steps 2bl (q[3], q[2]) and
 // 2bl + 1 (q[1], q[0]), their codes times the multipliers MA, MB, against row tile j's B fragments
-// (tile 1 only where two): part[j][mt] = the block's sums from zero. (A macro, not a lambda: a lambda
+// (tile 1 only where two): D[j][mt] = the block's sums from zero where Z, else added to D (the folded
+// path's MMAs accumulate straight into acc). (A macro, not a lambda: a lambda
 // changed the generated code of the measured kernels.) The 16-row instance (NT = 2) decodes each word
 // in halves, each right before the MMAs that read it: with session 28's whole-word decode ptxas
 // spilled 16 bytes there (128 registers, its cap; none before), and with the halves it spills none
 // (ptxas --resource-usage, nvcc 13.0, session 29). NT = 1 keeps the whole-word decode: its PTX is
 // the same as before, where the halves gave its non-cluster fp4 instance a 24-byte spill.
-#define WQ_FP4_BLOCK_MMA(MA, MB)                                                                                   \
+#define WQ_FP4_BLOCK_MMA(MA, MB, D, Z)                                                                             \
     do {                                                                                                           \
         const uint32_t wa = raw[u][2 * mt][bl], wb = raw[u][2 * mt + 1][bl], ma = (MA), mb = (MB);                \
         uint32_t qa[4], qb[4];                                                                                     \
@@ -711,22 +712,22 @@ __device__ __forceinline__ void wq_ld_stream(uint32_t *r, const uint8_t *p, int 
             wq_dec_fp4_half(wb, mb, 1, qb);                                                                        \
         }                                                                                                          \
         _Pragma("unroll") for (int j = 0; j < NT; j++) if (j == 0 || two) {                                       \
-            part[j][mt][0] = part[j][mt][1] = part[j][mt][2] = part[j][mt][3] = 0.0f;                              \
-            g_mma_bf16(part[j][mt], qa[3], qb[3], qa[2], qb[2], bwj[j][4 * bl], bwj[j][4 * bl + 1]);               \
+            if (Z) D[j][mt][0] = D[j][mt][1] = D[j][mt][2] = D[j][mt][3] = 0.0f;                                   \
+            g_mma_bf16(D[j][mt], qa[3], qb[3], qa[2], qb[2], bwj[j][4 * bl], bwj[j][4 * bl + 1]);                  \
         }                                                                                                          \
         if constexpr (NT > 1) {                                                                                    \
             wq_dec_fp4_half(wa, ma, 0, qa);                                                                        \
             wq_dec_fp4_half(wb, mb, 0, qb);                                                                        \
         }                                                                                                          \
         _Pragma("unroll") for (int j = 0; j < NT; j++) if (j == 0 || two)                                         \
-            g_mma_bf16(part[j][mt], qa[1], qb[1], qa[0], qb[0], bwj[j][4 * bl + 2], bwj[j][4 * bl + 3]);           \
+            g_mma_bf16(D[j][mt], qa[1], qb[1], qa[0], qb[0], bwj[j][4 * bl + 2], bwj[j][4 * bl + 3]);              \
     } while (0)
 // CL: the gridDim.z splits of an n band are one cluster and sum their partials in distributed
 // shared memory (part NULL); its own instance, so the plain one's registers stay as they were
 // NT: n8 tiles of activation rows per pass (XR = a.xr <= 8 NT rows; the second tile's MMAs run only
 // where a pass has more than 8 rows). NT = 2 is for grouped calls (no cluster instance).
 // FOLD (fp4): the scale folded into the decode multiplier while no scale byte of the warp's group of
-// k tiles exceeds 128, the block sums then added to acc; else, and without FOLD, the codes decode
+// k tiles exceeds 128, the MMAs then accumulating into acc; else, and without FOLD, the codes decode
 // unscaled and each block sum takes one FMA by 2^(e-127). Both scale the same sums by a power of two
 // (exact while a block sum stays in the normal fp32 range; not compared bit for bit). On the H200
 // (session 24) the fold made the 16-row instance 5-7 % faster (w1||w3 at 512 tokens 2325-2355 ->
@@ -832,25 +833,17 @@ __global__ void __launch_bounds__(128, NT == 1 || FMT == V41G_WQ_FP4 ? 4 : 3) g_
                         if (FOLD && !big) {
                             // each code decodes to code * 2^(e-127), its scale folded into the bf16x2 multiplier
                             // (wq_mul_fp4_le128, one integer multiply-add; the warp's vote found no scale byte
-                            // of the group over 128), and each 32-column block (k-steps 2b, 2b+1) is summed on
-                            // its own and added to acc
+                            // of the group over 128), so the MMAs accumulate straight into acc: four independent
+                            // chains a warp here (session 30/31: 5 % faster than summing each 32-column block from
+                            // zero and adding it, w1||w3 at 512 tokens 2183.7 -> 2060.1 us on the H200)
 #pragma unroll
-                            for (int bl = 0; bl < 2; bl++) {
-                                float part[NT][2][4];
+                            for (int bl = 0; bl < 2; bl++)
 #pragma unroll
                                 for (int mt = 0; mt < 2; mt++) {
                                     const int sh = 16 * (u & 1) + 8 * bl;
                                     const uint32_t ea = (scg[2 * mt][u >> 1] >> sh) & 0xFFu, eb = (scg[2 * mt + 1][u >> 1] >> sh) & 0xFFu;
-                                    WQ_FP4_BLOCK_MMA(wq_mul_fp4_le128(ea), wq_mul_fp4_le128(eb));
+                                    WQ_FP4_BLOCK_MMA(wq_mul_fp4_le128(ea), wq_mul_fp4_le128(eb), acc, false);
                                 }
-#pragma unroll
-                                for (int j = 0; j < NT; j++)
-                                    if (j == 0 || two)
-#pragma unroll
-                                        for (int mt = 0; mt < 2; mt++)
-#pragma unroll
-                                            for (int e = 0; e < 4; e++) acc[j][mt][e] += part[j][mt][e];
-                            }
                         } else {
                             // e2m1 codes decode to their exact values; each 32-column block (k-steps 2b, 2b+1)
                             // is summed on its own and scaled after, by the power of two 2^(e-127) (exact)
@@ -859,7 +852,7 @@ __global__ void __launch_bounds__(128, NT == 1 || FMT == V41G_WQ_FP4 ? 4 : 3) g_
                                 float part[NT][2][4];
 #pragma unroll
                                 for (int mt = 0; mt < 2; mt++) {
-                                    WQ_FP4_BLOCK_MMA(WQ_S126, WQ_S126);
+                                    WQ_FP4_BLOCK_MMA(WQ_S126, WQ_S126, part, true);
                                 }
 #pragma unroll
                                 for (int mt = 0; mt < 2; mt++)
