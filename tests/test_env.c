@@ -122,9 +122,9 @@ static int scan_file(const char *path, char *missing, size_t cap)
             found++;
             if (!v41_env_find(name, (size_t)(end - name))) {
                 /* (a listing of what is missing: a long one may be cut, the failure stands) */
-                const size_t used = strlen(missing);
+                const size_t used = strlen(missing), len = (size_t)(end - name);
                 if (cap - used > 1)
-                    snprintf(missing + used, cap - used, "%.300s: %.*s\n", path, (int)(end - name) & 127, name);
+                    snprintf(missing + used, cap - used, "%.300s: %.*s\n", path, (int)(len < 127 ? len : 127), name);
             }
         }
     return found;
