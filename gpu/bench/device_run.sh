@@ -194,3 +194,8 @@ PY
   esac
   echo "$what: $(( $(date +%s) - t0 )) s"
 done
+# Every suite's and sanitizer's summary line once more, last, and in $OUT/summary.txt: the caller may
+# see only the end of the output and get back only a few of the files (session 32 lost its racecheck
+# result that way, behind the wq benchmark's table)
+grep -H -E "ERROR SUMMARY|RACECHECK SUMMARY|^[0-9]+%: Checks" "$OUT"/*.log "$OUT"/ab/*.log 2>/dev/null \
+  | sed "s|^$OUT/||" | sort | uniq -c | tee "$OUT/summary.txt"
