@@ -505,11 +505,12 @@ __global__ void __launch_bounds__(256, BN <= 64 ? 2 : 1) g_wq_wgmma_kernel(wq_ar
                     ((uintptr_t)C.S & 3) == 0;
     // Addresses computed once: the shared address of this thread's codes of row rA (row rB is 8 rows
     // further), and the descriptor of sub-stage 0's activations; sub-stage ss adds ss * STAGE >> 4 to
-    // the descriptor's 14-bit address field (the whole allocation, 1 KB of alignment slack included,
-    // stays below the field's 256 KB, so no carry leaves it). With the addresses built from sbase at
-    // every tile the compiler re-derived them per stage (about 25 of the grouped fp4 kernel's SASS
-    // instructions a stage); without: the grouped fp4 calls at 4096 tokens 3-4 % faster on an H100
-    // (session 32), the dense 64-row calls unchanged
+    // the descriptor's 14-bit address field (every shared address of a CTA is below 256 KB, the
+    // field's range, so no carry leaves it). Built from sbase at every tile, they cost about 25 SASS
+    // instructions a stage of the grouped fp4 kernel; now ptxas still rematerialises part of sbase
+    // (its 128 registers are full) but the descriptors between the wgmmas are one uniform op each:
+    // the grouped fp4 calls at 4096 tokens 3-4 % faster on an H100 (session 32), the dense 64-row
+    // calls within 1 %
     const uint32_t sthr = sbase + rA * WROW + (WROW / 4) * c;
     const uint64_t dx0 = aw_desc(sbase + WT, 16, 1024);
     for (int m0 = C.mbeg, rows; m0 < C.mend; m0 += rows) {
