@@ -58,10 +58,12 @@ struct v41_weights {
 
 /* ------------------------------------------------------------------ names */
 
-/* canonical tensor name: no "model." prefix; HF embedding / head names */
+/* canonical tensor name: no "model." prefix (every one: stripping one left "model.model.w" as
+ * "model.w", which a lookup of that stored name canonicalised to "w" and missed; found by
+ * fuzz_safetensors); HF embedding / head names. canon(canon(x)) == canon(x). */
 static void canon(const char *in, char *out, size_t outlen)
 {
-    if (!strncmp(in, "model.", 6)) in += 6;
+    while (!strncmp(in, "model.", 6)) in += 6;
     if (!strcmp(in, "embed_tokens.weight")) in = "embed.weight";
     else if (!strcmp(in, "lm_head.weight")) in = "head.weight";
     snprintf(out, outlen, "%s", in);

@@ -198,6 +198,35 @@ START_TEST(hostile_duplicate_after_prefix)
                    "duplicate tensor name 'a'");
 }
 END_TEST
+START_TEST(hostile_duplicate_after_double_prefix)
+{
+    expect_hostile("{" T1 ",\"model.model.a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[16,24]}}", 24, -1,
+                   "duplicate tensor name 'a'");
+}
+END_TEST
+/* a stored tensor is found under its own (canonical) name and under the checkpoint's name,
+ * however many "model." prefixes that carries (the fuzzer's input: "model.model.weight") */
+START_TEST(test_double_prefix_lookup)
+{
+    static const uint8_t data[16] = {0};
+    const char *hdr = "{\"model.model.a\":{\"dtype\":\"F32\",\"shape\":[2,2],\"data_offsets\":[0,16]}}";
+    uint8_t img[256];
+    const uint64_t hl = strlen(hdr);
+    memcpy(img, &hl, 8);
+    memcpy(img + 8, hdr, hl);
+    memcpy(img + 8 + hl, data, sizeof data);
+    v41_weights *w = NULL;
+    v41_err err = {0};
+    ck_assert_msg(v41w_open_buffer(img, 8 + hl + sizeof data, "buf", &w, &err) == V41_OK, "%s", err.msg);
+    ck_assert_int_eq(v41_weights_count(w), 1);
+    const v41_tensor *t = v41_weights_at(w, 0);
+    ck_assert_str_eq(t->name, "a");
+    ck_assert_ptr_eq(v41_weights_find(w, t->name), t);
+    ck_assert_ptr_eq(v41_weights_find(w, "model.model.a"), t);
+    ck_assert_ptr_eq(v41_weights_find(w, "model.a"), t);
+    v41_weights_close(w);
+}
+END_TEST
 START_TEST(hostile_entry_not_object) { expect_hostile("{\"a\":[1,2,3]}", 0, -1, "'a': header entry is not an object"); }
 END_TEST
 START_TEST(hostile_negative_shape)
@@ -587,6 +616,8 @@ int main(void)
     tcase_add_test(h, hostile_unknown_dtype);
     tcase_add_test(h, hostile_duplicate);
     tcase_add_test(h, hostile_duplicate_after_prefix);
+    tcase_add_test(h, hostile_duplicate_after_double_prefix);
+    tcase_add_test(h, test_double_prefix_lookup);
     tcase_add_test(h, hostile_entry_not_object);
     tcase_add_test(h, hostile_negative_shape);
     tcase_add_test(h, hostile_too_many_dims);
